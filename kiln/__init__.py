@@ -1,0 +1,3 @@
+"""Kiln: a declarative build pipeline for compute kernels."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Kiln's IRs: pure data with canonical serializations. Imports nothing else of Kiln."""

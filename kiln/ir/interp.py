@@ -1,0 +1,158 @@
+"""What each graph op means, in numpy: the oracle's arithmetic.
+
+The eager path of ``@device`` functions and the graph interpreter both
+call :func:`evaluate`, so "run the kernel on the host" and "run its traced
+graph" can never disagree. f16/bf16 operands are computed in f32 and the
+result is rounded to the node's dtype once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from kiln.ir.graph import Graph, TensorType
+
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "f32": np.dtype(np.float32),
+    "f16": np.dtype(np.float16),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+    "i32": np.dtype(np.int32),
+    "bool": np.dtype(np.bool_),
+}
+_KILN_DTYPES = {v: k for k, v in NUMPY_DTYPES.items()}
+
+
+def kiln_dtype(dtype: np.dtype) -> str:
+    """The Kiln dtype name of a numpy dtype; raises KeyError for unsupported ones."""
+    return _KILN_DTYPES[np.dtype(dtype)]
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    """Half-precision floats are computed in f32."""
+    if x.dtype in (NUMPY_DTYPES["f16"], NUMPY_DTYPES["bf16"]):
+        return x.astype(np.float32)
+    return x
+
+
+def _gelu(x):
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _div(a, b):
+    return np.true_divide(a, b)
+
+
+def _pow(a, b):
+    if a.dtype.kind == "i":
+        return np.power(a, np.maximum(b, 0))
+    return np.power(a, b)
+
+
+def _conv2d(x, w, attrs):
+    n, h, wd, c = x.shape
+    kh, kw, _, f = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = attrs["stride"], attrs["padding"], attrs["dilation"]
+    xp = np.pad(x, ((0, 0), (ph, ph), (pw, pw), (0, 0)))
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, oh, ow, f), dtype=np.result_type(x, w))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[
+                :,
+                i * dh : i * dh + sh * (oh - 1) + 1 : sh,
+                j * dw : j * dw + sw * (ow - 1) + 1 : sw,
+                :,
+            ]
+            out += patch @ w[i, j]
+    return out
+
+
+_UNARY: dict[str, Callable] = {
+    "neg": np.negative,
+    "abs": np.abs,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "tanh": np.tanh,
+    "sigmoid": _sigmoid,
+    "relu": lambda x: np.maximum(x, 0),
+    "gelu": _gelu,
+}
+_BINARY: dict[str, Callable] = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": _div,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "pow": _pow,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
+}
+_REDUCE: dict[str, Callable] = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}
+
+
+def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: dict, out: TensorType) -> np.ndarray:
+    """Compute one op on numpy arrays; the result has exactly ``out``'s dtype and shape."""
+    args = [_wide(np.asarray(x)) for x in inputs]
+    if op in _UNARY:
+        with np.errstate(all="ignore"):
+            result = _UNARY[op](args[0])
+    elif op in _BINARY:
+        with np.errstate(all="ignore"):
+            result = _BINARY[op](args[0], args[1])
+    elif op == "where":
+        result = np.where(args[0], args[1], args[2])
+    elif op == "cast":
+        result = np.asarray(inputs[0]).astype(NUMPY_DTYPES[out.dtype])
+    elif op in _REDUCE:
+        result = _REDUCE[op](
+            args[0], axis=tuple(attrs["axes"]), keepdims=bool(attrs.get("keepdims"))
+        )
+    elif op == "matmul":
+        result = np.matmul(args[0], args[1])
+    elif op == "transpose":
+        result = np.transpose(args[0], tuple(attrs["perm"]))
+    elif op == "reshape":
+        result = np.reshape(args[0], tuple(attrs["shape"]))
+    elif op == "broadcast":
+        result = np.broadcast_to(args[0], tuple(attrs["shape"]))
+    elif op == "conv2d":
+        result = _conv2d(args[0], args[1], attrs)
+    elif op == "const":
+        result = np.full(out.shape, attrs["value"])
+    else:
+        raise ValueError(f"no numpy meaning for op {op!r}")
+    return np.ascontiguousarray(np.asarray(result).astype(NUMPY_DTYPES[out.dtype], copy=False))
+
+
+def run_graph(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Interpret a whole graph on numpy arrays (one per ``arg`` node, in index order)."""
+    args = graph.args
+    if len(inputs) != len(args):
+        raise ValueError(f"{graph.name}: expects {len(args)} inputs, got {len(inputs)}")
+    values: dict[int, np.ndarray] = {}
+    for node, array in zip(args, inputs):
+        values[node.id] = np.asarray(array, dtype=NUMPY_DTYPES[node.dtype])
+    for node in graph.nodes:
+        if node.op == "arg":
+            continue
+        values[node.id] = evaluate(
+            node.op, [values[i] for i in node.inputs], dict(node.attrs), node.type
+        )
+    return [values[i] for i in graph.outputs]
