@@ -1,0 +1,1 @@
+"""Execution targets: one module per runner kind (cpu, sim, iree, npu)."""
