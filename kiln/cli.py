@@ -1,0 +1,134 @@
+"""The `kiln` command: Kiln's own commands, and every doit command passed through.
+
+User-facing errors (KilnError) become one message and a non-zero exit,
+never a traceback: exit 2 for bad input, 1 for a failed build or check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from kiln.errors import KilnError
+
+DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary")
+OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _setup_logging()
+    fmt = _message_format(argv)
+    try:
+        if argv and argv[0] in OWN_COMMANDS:
+            return _dispatch(argv)
+        from tasks.build import run_doit
+
+        return run_doit(None, argv)
+    except KilnError as err:
+        _print_error(err, fmt)
+        return 2
+    except KeyboardInterrupt:
+        print("kiln: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "message_format", None):
+        os.environ["KILN_MESSAGE_FORMAT"] = args.message_format
+    from kiln import commands
+
+    return getattr(commands, f"cmd_{args.command}")(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kiln",
+        description="Kiln: build, test and run compute "
+        "kernels. Other commands (list, info, clean, forget, ...) go to doit.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compile", help="compile kernels (substring filters on package.module.fn)")
+    c.add_argument("filters", nargs="*", metavar="FILTER")
+    c.add_argument("-p", "--package", action="append", default=[], metavar="PKG")
+    c.add_argument("--shapes", metavar="NAME", help="only this shape set")
+    c.add_argument("-n", "--process", type=int, default=0, metavar="N", help="parallel jobs")
+    for kind in DUMP_FLAGS:
+        metavar = "DIR" if kind == "summary" else "FILE"
+        c.add_argument(f"--dump-{kind}", metavar=metavar, type=Path)
+    c.add_argument("--message-format", choices=["human", "json"], default="human")
+
+    s = sub.add_parser("status", help="say which tasks would run, and why")
+    s.add_argument("filters", nargs="*", metavar="FILTER")
+    s.add_argument("-p", "--package", action="append", default=[], metavar="PKG")
+    s.add_argument("--all", action="store_true", help="list up-to-date tasks too")
+
+    r = sub.add_parser("run", help="run a kernel (or an app) on a target")
+    r.add_argument("name", metavar="KERNEL")
+    r.add_argument("--target", default="cpu")
+    r.add_argument("--shapes", metavar="NAME")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--save-outputs", type=Path, metavar="DIR")
+
+    i = sub.add_parser("inspect", help="decode an EDF kernel binary")
+    i.add_argument("file", type=Path)
+
+    t = sub.add_parser("test", help="check targets against the cpu oracle")
+    t.add_argument("filters", nargs="*", metavar="FILTER")
+    t.add_argument("--target", action="append", default=[], metavar="T")
+    t.add_argument("--junit", type=Path, metavar="FILE")
+    t.add_argument("--seed", type=int, default=0)
+
+    b = sub.add_parser("bench", help="time kernels on a target")
+    b.add_argument("filters", nargs="*", metavar="FILTER")
+    b.add_argument("--target", required=True, metavar="T")
+    b.add_argument("--iter", type=int, default=10)
+    b.add_argument("--warmup", type=int, default=2)
+    b.add_argument("--device", type=int, default=0)
+    b.add_argument("--output-format", choices=["table", "csv", "json"], default="table")
+    return p
+
+
+def _message_format(argv: list[str]) -> str:
+    for i, a in enumerate(argv):
+        if a.startswith("--message-format="):
+            return a.split("=", 1)[1]
+        if a == "--message-format" and i + 1 < len(argv):
+            return argv[i + 1]
+    return os.environ.get("KILN_MESSAGE_FORMAT", "human")
+
+
+def _print_error(err: KilnError, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(err.to_dict(), sort_keys=True))
+    else:
+        print(err.render(), file=sys.stderr)
+
+
+def _setup_logging() -> None:
+    """KILN_LOG_INFO=1 turns on info logs; KILN_LOG_FILE=stdout|stderr|PATH says where."""
+    if os.environ.get("KILN_LOG_INFO") != "1":
+        return
+    import logging
+
+    dest = os.environ.get("KILN_LOG_FILE", "stderr")
+    if dest == "stdout":
+        handler: logging.Handler = logging.StreamHandler(sys.stdout)
+    elif dest == "stderr":
+        handler = logging.StreamHandler(sys.stderr)
+    else:
+        handler = logging.FileHandler(dest)
+    handler.setFormatter(logging.Formatter("%(asctime)s kiln %(name)s: %(message)s"))
+    logger = logging.getLogger("kiln")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Kiln's own CLI commands. Each takes parsed args and returns an exit code."""
+
+from __future__ import annotations
+
+import sys
+
+from kiln.errors import KilnError
+
+
+def _project():
+    from tasks.project import Project
+
+    return Project.find()
+
+
+def _select(project, filters, packages=(), shape_set=None):
+    chosen = project.select(filters or None, list(packages) or None, shape_set)
+    if not chosen:
+        known = sorted({i.source.path for i in project.instances})
+        raise KilnError(
+            "no kernel matches " + " ".join(repr(f) for f in filters or ["(all)"]),
+            expected="a substring of a kernel path (package.module.function)",
+            found=" ".join(filters) or "(no filter)",
+            notes=["kernels: " + ", ".join(known)],
+        )
+    return chosen
+
+
+def cmd_compile(args) -> int:
+    from tasks.build import compile_instances, write_dump
+
+    project = _project()
+    instances = _select(project, args.filters, args.package, args.shapes)
+    dumps = {
+        k: getattr(args, f"dump_{k}") for k in ("dfg", "visa", "ir", "graph", "schedule", "summary")
+    }
+    dumps = {k: v for k, v in dumps.items() if v is not None}
+    if dumps:
+        kernels = {i.kernel for i in instances}
+        if len(kernels) == 1 and len(instances) > 1 and not args.shapes:
+            instances = instances[:1]  # one kernel, several shape sets: dump the first
+        elif len(instances) > 1:
+            raise KilnError(
+                f"a dump flag needs exactly one kernel, but the filters select {len(kernels)}",
+                expected="filters that match a single kernel (and --shapes NAME)",
+                found=", ".join(sorted(i.name for i in instances)),
+                hint="name the kernel more precisely, e.g. `kiln compile "
+                f"{sorted(kernels)[0]} --dump-{next(iter(dumps))} FILE`",
+            )
+    rc = compile_instances(project, instances, args.process)
+    if rc != 0:
+        return rc
+    for kind, path in dumps.items():
+        write_dump(project, instances[0], kind, path)
+        print(f"kiln: wrote {kind} dump of {instances[0].name} to {path}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from tasks.status import explain
+
+    project = _project()
+    instances = _select(project, args.filters, args.package)
+    results = explain(project, instances)
+    pending = [(n, r) for n, r in results if r]
+    for name, reasons in results:
+        if reasons:
+            print(f"{name}: would run")
+            for reason in reasons:
+                print(f"    {reason}")
+        elif args.all:
+            print(f"{name}: up to date")
+    print(f"kiln: {len(pending)} of {len(results)} tasks would run")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from tasks.running import run_kernel
+
+    project = _project()
+    return run_kernel(project, args)
+
+
+def cmd_inspect(args) -> int:
+    from kiln.inspect_edf import render
+
+    sys.stdout.write(render(args.file))
+    return 0
+
+
+def cmd_test(args) -> int:
+    from tasks.testing import run_tests
+
+    return run_tests(_project(), args)
+
+
+def cmd_bench(args) -> int:
+    from tasks.benching import run_bench
+
+    return run_bench(_project(), args)

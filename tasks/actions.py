@@ -1,0 +1,89 @@
+"""What a compile task does when it runs: one stage, verified, written atomically.
+
+Errors come back to doit as ``TaskFailed`` carrying the diagnostic as JSON,
+so the reporter can print it in the user's chosen format with no traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from doit.exceptions import TaskFailed
+
+from kiln.errors import KilnError, Location, StageError
+
+DIAGNOSTIC_MARK = "KILN-DIAGNOSTIC "
+
+
+def failure(err: KilnError) -> TaskFailed:
+    return TaskFailed(DIAGNOSTIC_MARK + json.dumps(err.to_dict(), sort_keys=True))
+
+
+def run_stage(spec: dict):
+    """Run one stage of one kernel instance; return the config parts for `kiln status`."""
+    try:
+        _run(spec)
+    except KilnError as err:
+        if err.location is None and isinstance(err, StageError):
+            err.location = _options_location(spec)
+        err.notes.append(f"while running stage {spec['stage']!r} of {spec['instance']}")
+        return failure(err)
+    except Exception as exc:  # a bug in a stage: say where, keep the trace out of the way
+        detail = traceback.format_exc() if os.environ.get("KILN_DEBUG") else None
+        err = KilnError(
+            f"internal error in stage {spec['stage']!r} for {spec['instance']}: "
+            f"{type(exc).__name__}: {exc}",
+            hint="set KILN_DEBUG=1 for the full traceback" if detail is None else None,
+            notes=[detail] if detail else [],
+        )
+        return failure(err)
+    return {"parts": spec["parts"]}
+
+
+def _run(spec: dict) -> None:
+    from kiln.fsutil import write_bytes_atomic
+    from kiln.options import build_options
+
+    root = spec["root"]
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    module = importlib.import_module(spec["module"])
+    options = build_options(module.Options, spec["options"], spec["stage"])
+    machine = spec["machine"]
+    if "trace" in spec:
+        from stages.trace import TraceRequest
+
+        t = spec["trace"]
+        ir_in = TraceRequest(
+            module=t["module"],
+            function=t["function"],
+            bindings=tuple((k, int(v)) for k, v in t["bindings"]),
+            dtypes=tuple((k, v) for k, v in t["dtypes"]),
+            default_dtype=t["default_dtype"],
+        )
+    else:
+        ir_in = importlib.import_module(spec["input_module"]).read(Path(spec["input"]))
+    ir_out = module.run(ir_in, options, machine)
+    module.verify(ir_out, machine)
+    artifact = Path(spec["artifact"])
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(artifact, module.serialize(ir_out))
+    for kind, path in spec["dumps"]:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        module.DUMPS[kind](ir_out, Path(path), machine)
+
+
+def _options_location(spec: dict) -> Location | None:
+    """Point a stage-option error at the stage's row in pipeline.yaml."""
+    try:
+        from kiln.pipeline import load_pipeline
+
+        pipeline = load_pipeline(Path(spec["pipeline"]))
+        return pipeline.locate(f"stages[{spec['stage_index']}].options")
+    except Exception:
+        return Location(spec["pipeline"], key_path=f"stages[{spec['stage_index']}].options")

@@ -1,0 +1,44 @@
+"""Running the DAG: doit with Kiln's loader, plus dumps asked for on the command line."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from doit.doit_cmd import DoitMain
+
+from kiln.errors import KilnError
+from tasks.compile import DUMP_FILES, stage_artifact
+from tasks.loader import KilnLoader
+from tasks.project import KernelInstance, Project
+
+
+def run_doit(project: Project | None, argv: list[str]) -> int:
+    """Run a doit command line against the project's tasks; returns doit's exit code."""
+    return DoitMain(KilnLoader(project)).run(argv)
+
+
+def compile_instances(project: Project, instances: list[KernelInstance], jobs: int = 0) -> int:
+    last = project.pipeline.stages[-1].name
+    names = [f"compile:{inst.name}.{last}" for inst in instances]
+    argv = ["run"] + (["-n", str(jobs)] if jobs > 1 else []) + names
+    return run_doit(project, argv)
+
+
+def write_dump(project: Project, inst: KernelInstance, kind: str, path: Path) -> None:
+    """Write one dump of an already built instance, from the owning stage's artifact."""
+    owner, _ = DUMP_FILES[kind]
+    stage = next((s for s in project.pipeline.stages if s.name == owner), None)
+    if stage is None:
+        raise KilnError(
+            f"--dump-{kind} needs the {owner!r} stage, which this pipeline does not run",
+            expected=f"a row named {owner!r} in stages:",
+            found=", ".join(s.name for s in project.pipeline.stages),
+        )
+    if str(project.root) not in sys.path:
+        sys.path.insert(0, str(project.root))
+    module = importlib.import_module(stage.module)
+    ir = module.read(Path(stage_artifact(inst, stage.module)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    module.DUMPS[kind](ir, path, project.machine())

@@ -1,0 +1,228 @@
+"""Find @device kernels by reading source, not by importing it.
+
+A no-op build must not import or trace every kernel, so kernel packages
+are scanned with ``ast``: the decorated functions, their ``Tensor[...]``
+parameter dims, and the project modules each file imports. Results are
+cached per file, keyed by (mtime_ns, size), in the project's state dir.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_FORMAT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSource:
+    """One @device function as seen in its source file."""
+
+    name: str
+    module: str  # dotted module name
+    file: str  # absolute path
+    line: int
+    params: tuple[tuple[str, tuple[str | int, ...] | None], ...]  # (arg, dims); None: no annotation
+
+    @property
+    def path(self) -> str:
+        """The full kernel path filters match against: ``package.module.function``."""
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleInfo:
+    module: str
+    file: str
+    kernels: tuple[KernelSource, ...]
+    imports: tuple[str, ...]  # dotted names this module imports (absolute)
+    syntax_error: str | None = None
+
+
+def _is_device_decorator(node: ast.expr) -> bool:
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Name):
+        return node.id == "device"
+    return isinstance(node, ast.Attribute) and node.attr == "device"
+
+
+def _dims(annotation: ast.expr | None) -> tuple[str | int, ...] | None:
+    """``Tensor["M", "K"]`` -> ("M", "K"); anything else -> None."""
+    if not isinstance(annotation, ast.Subscript):
+        return None
+    base = annotation.value
+    name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
+    if name != "Tensor":
+        return None
+    items = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
+    dims: list[str | int] = []
+    for item in items:
+        if isinstance(item, ast.Constant) and isinstance(item.value, (str, int)):
+            dims.append(item.value)
+    return tuple(dims)
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str:
+    parts = module.split(".")
+    base = parts if is_package else parts[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def scan_module(module: str, file: Path) -> ModuleInfo:
+    """Parse one file: its @device functions and its imports."""
+    try:
+        tree = ast.parse(file.read_bytes(), filename=str(file))
+    except SyntaxError as exc:
+        return ModuleInfo(module, str(file), (), (), f"{exc.msg} (line {exc.lineno})")
+    kernels = []
+    imports: list[str] = []
+    is_package = file.name == "__init__.py"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imports.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = (
+                _resolve_relative(module, is_package, node.level, node.module)
+                if node.level
+                else (node.module or "")
+            )
+            imports.append(base)
+            imports.extend(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any(
+            _is_device_decorator(d) for d in node.decorator_list
+        ):
+            args = node.args.posonlyargs + node.args.args
+            params = tuple((a.arg, _dims(a.annotation)) for a in args)
+            kernels.append(KernelSource(node.name, module, str(file), node.lineno, params))
+    return ModuleInfo(module, str(file), tuple(kernels), tuple(sorted(set(imports))))
+
+
+def package_files(root: Path, package: str) -> list[tuple[str, Path]]:
+    """(module name, file) for a dotted package or module, looked up under ``root``."""
+    rel = Path(*package.split("."))
+    pkg_dir = root / rel
+    if (pkg_dir / "__init__.py").is_file():
+        found = []
+        for dirpath, dirnames, filenames in os.walk(pkg_dir):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__pycache__")))
+            here = Path(dirpath)
+            for name in sorted(filenames):
+                if not name.endswith(".py"):
+                    continue
+                parts = list(here.relative_to(root).parts)
+                if name != "__init__.py":
+                    parts.append(name[:-3])
+                found.append((".".join(parts), here / name))
+        return found
+    module_file = root / rel.with_suffix(".py")
+    if module_file.is_file():
+        return [(package, module_file)]
+    return []
+
+
+class Discovery:
+    """Kernel discovery over a project, with a per-file stamp cache."""
+
+    def __init__(self, root: Path, cache_file: Path | None = None):
+        self.root = root
+        self.cache_file = cache_file
+        self._cache: dict[str, dict] = {}
+        self._dirty = False
+        self.modules: dict[str, ModuleInfo] = {}
+        if cache_file is not None and cache_file.is_file():
+            try:
+                data = json.loads(cache_file.read_text())
+                if data.get("format") == CACHE_FORMAT:
+                    self._cache = data["files"]
+            except (OSError, ValueError, KeyError):
+                self._cache = {}
+
+    def module(self, module: str, file: Path) -> ModuleInfo:
+        if module in self.modules:
+            return self.modules[module]
+        st = file.stat()
+        stamp = [st.st_mtime_ns, st.st_size]
+        entry = self._cache.get(str(file))
+        if entry is not None and entry["stamp"] == stamp and entry["module"] == module:
+            info = _info_from_json(entry["info"])
+        else:
+            info = scan_module(module, file)
+            self._cache[str(file)] = {"stamp": stamp, "module": module, "info": _info_to_json(info)}
+            self._dirty = True
+        self.modules[module] = info
+        return info
+
+    def scan_packages(self, packages: tuple[str, ...]) -> list[ModuleInfo]:
+        infos = []
+        for package in packages:
+            for module, file in package_files(self.root, package):
+                infos.append(self.module(module, file))
+        return infos
+
+    def source_files(self, module: str) -> list[str]:
+        """The module's file plus every project module it imports, transitively."""
+        seen: dict[str, str] = {}
+        stack = [module]
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            file = self._project_file(name)
+            if file is None:
+                continue
+            info = self.module(name, file)
+            seen[name] = info.file
+            stack.extend(info.imports)
+        return sorted(set(seen.values()))
+
+    def _project_file(self, module: str) -> Path | None:
+        rel = Path(*module.split("."))
+        for candidate in (self.root / rel.with_suffix(".py"), self.root / rel / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def save(self) -> None:
+        if not self._dirty or self.cache_file is None:
+            return
+        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.cache_file.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "files": self._cache}, sort_keys=True))
+        os.replace(tmp, self.cache_file)
+        self._dirty = False
+
+
+def _info_to_json(info: ModuleInfo) -> dict:
+    return {
+        "module": info.module,
+        "file": info.file,
+        "kernels": [
+            [k.name, k.line, [[a, list(d) if d is not None else None] for a, d in k.params]]
+            for k in info.kernels
+        ],
+        "imports": list(info.imports),
+        "syntax_error": info.syntax_error,
+    }
+
+
+def _info_from_json(data: dict) -> ModuleInfo:
+    kernels = tuple(
+        KernelSource(
+            name,
+            data["module"],
+            data["file"],
+            line,
+            tuple((a, tuple(d) if d is not None else None) for a, d in params),
+        )
+        for name, line, params in data["kernels"]
+    )
+    return ModuleInfo(
+        data["module"], data["file"], kernels, tuple(data["imports"]), data.get("syntax_error")
+    )

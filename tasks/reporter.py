@@ -1,0 +1,196 @@
+"""Build progress: a rich live display on a terminal, one line per task otherwise.
+
+Failures carry Kiln diagnostics (see tasks/actions.py); they are printed in
+the chosen message format (``KILN_MESSAGE_FORMAT=human|json``) without a
+Python traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from tasks.actions import DIAGNOSTIC_MARK
+
+
+def diagnostic_from_failure(fail) -> dict | None:
+    message = getattr(fail, "message", "") or ""
+    if message.startswith(DIAGNOSTIC_MARK):
+        return json.loads(message[len(DIAGNOSTIC_MARK) :])
+    return None
+
+
+def render_diagnostic(diag: dict) -> str:
+    from kiln.errors import KilnError, Location
+
+    loc = None
+    if diag.get("file"):
+        loc = Location(
+            diag["file"],
+            diag.get("line"),
+            diag.get("column"),
+            diag.get("key_path"),
+            diag.get("source"),
+        )
+    err = KilnError(
+        diag["message"],
+        loc,
+        diag.get("expected"),
+        diag.get("found"),
+        diag.get("hint"),
+        diag.get("kind", "error"),
+        list(diag.get("notes") or []),
+    )
+    return err.render()
+
+
+class KilnReporter:
+    """doit reporter interface (see doit.reporter.ConsoleReporter)."""
+
+    desc = "kiln progress reporter"
+
+    def __init__(self, outstream, options):
+        self.out = outstream
+        self.err = sys.stderr
+        self.format = os.environ.get("KILN_MESSAGE_FORMAT", "human")
+        self.live = self.format == "human" and getattr(outstream, "isatty", lambda: False)()
+        self.ran: list[str] = []
+        self.uptodate = 0
+        self.failures: list[tuple[str, object]] = []
+        self.progress = None
+        self.bar = None
+
+    # -- doit hooks -------------------------------------------------------
+    def initialize(self, tasks, selected_tasks):
+        if self.live:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            total = len(_closure(tasks, selected_tasks))
+            self.progress = Progress(
+                TextColumn("[bold]kiln[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                transient=False,
+            )
+            self.bar = self.progress.add_task("starting", total=total)
+            self.progress.start()
+
+    def get_status(self, task):
+        pass
+
+    def execute_task(self, task):
+        if task.subtask_of is None and task.has_subtask:
+            return
+        if self.live:
+            self.progress.update(self.bar, description=_describe(task.name))
+        elif self.format == "human" and task.actions:
+            self._write(f". {task.name}\n")
+
+    def add_failure(self, task, fail):
+        self.failures.append((task.name, fail))
+        self._advance()
+        diag = diagnostic_from_failure(fail)
+        if self.format == "json":
+            if diag is None:
+                diag = {"kind": "error", "message": fail.get_msg().strip()}
+            diag["task"] = task.name
+            self._write(json.dumps(diag, sort_keys=True) + "\n")
+            return
+        text = render_diagnostic(diag) if diag else fail.get_msg().rstrip()
+        self._err(f"FAILED {task.name}\n{text}\n")
+
+    def add_success(self, task):
+        if task.actions:
+            self.ran.append(task.name)
+            self._advance()
+
+    def skip_uptodate(self, task):
+        if task.actions:
+            self.uptodate += 1
+            self._advance()
+
+    def skip_ignore(self, task):
+        self._advance()
+
+    def cleanup_error(self, exception):
+        self._err(str(exception) + "\n")
+
+    def runtime_error(self, msg):
+        self._err(f"error: {msg}\n")
+
+    def teardown_task(self, task):
+        pass
+
+    def complete_run(self):
+        if self.progress is not None:
+            self.progress.update(self.bar, description="done")
+            self.progress.stop()
+        if self.format == "json":
+            self._write(
+                json.dumps(
+                    {
+                        "kind": "summary",
+                        "ran": len(self.ran),
+                        "up_to_date": self.uptodate,
+                        "failed": len(self.failures),
+                    }
+                )
+                + "\n"
+            )
+            return
+        total = len(self.ran) + self.uptodate + len(self.failures)
+        self._write(
+            f"kiln: {total} tasks: {len(self.ran)} ran, {self.uptodate} up to date, "
+            f"{len(self.failures)} failed\n"
+        )
+
+    # -- helpers ----------------------------------------------------------
+    def _advance(self):
+        if self.progress is not None:
+            self.progress.advance(self.bar)
+
+    def _write(self, text):
+        if self.progress is not None:
+            self.progress.console.print(text, end="", markup=False, highlight=False)
+        else:
+            self.out.write(text)
+            self.out.flush()
+
+    def _err(self, text):
+        if self.progress is not None:
+            self.progress.console.print(text, end="", markup=False, highlight=False)
+        else:
+            self.err.write(text)
+            self.err.flush()
+
+
+def _describe(name: str) -> str:
+    # compile:gemm.small.visa -> "gemm.small  visa"
+    kind, _, rest = name.partition(":")
+    inst, _, stage = rest.rpartition(".")
+    return f"{inst}  {stage}" if inst else name
+
+
+def _closure(tasks: dict, selected) -> set[str]:
+    """Names of the action-carrying tasks a run of ``selected`` may execute."""
+    producers = {t: task.name for task in tasks.values() for t in task.targets}
+    todo = list(selected or [n for n, t in tasks.items() if t.subtask_of is None])
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in tasks:
+            continue
+        seen.add(name)
+        task = tasks[name]
+        todo.extend(task.task_dep)
+        todo.extend(producers[f] for f in task.file_dep if f in producers)
+    return {n for n in seen if tasks[n].actions}

@@ -1,0 +1,103 @@
+"""Running compiled kernels on targets: shared by `kiln run`, `kiln test` and `kiln bench`."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from kiln.errors import KilnError, TargetError
+from tasks.compile import stage_artifact
+from tasks.project import KernelInstance, Project
+
+
+def load_function(project: Project, inst: KernelInstance):
+    """The @device function object of an instance (imports its module)."""
+    if str(project.root) not in sys.path:
+        sys.path.insert(0, str(project.root))
+    module = importlib.import_module(inst.source.module)
+    return getattr(module, inst.source.name)
+
+
+def kernel_artifacts(project: Project, inst: KernelInstance):
+    """Artifacts of an already built instance, for a runner's prepare()."""
+    from runners.base import KernelArtifacts
+    from stages.trace import read as read_graph
+
+    stages = project.pipeline.stages
+    graph = read_graph(Path(stage_artifact(inst, stages[0].module)))
+    edf = None
+    if stages[-1].name == "edf":
+        edf = Path(stage_artifact(inst, stages[-1].module))
+    return KernelArtifacts(inst.name, graph, inst.out_dir, edf, load_function(project, inst))
+
+
+def make_runner(project: Project, target: str):
+    """Instantiate the runner of a pipeline target (or a bare runner kind like `cpu`)."""
+    from runners.base import load_runner_class
+
+    names = [t.name for t in project.pipeline.targets]
+    spec = next((t for t in project.pipeline.targets if t.name == target), None)
+    if spec is None:
+        if target in ("cpu", "sim", "iree", "npu"):
+            return load_runner_class(target)(machine=project.machine())
+        raise TargetError(
+            f"unknown target {target!r}",
+            expected="one of: " + ", ".join(names),
+            found=target,
+            hint="targets are declared under `targets:` in pipeline.yaml",
+        )
+    cls = load_runner_class(spec.runner)
+    return cls(options=dict(spec.options), machine=project.machine(spec.machine))
+
+
+def build(project: Project, instances: list[KernelInstance]) -> None:
+    from tasks.build import compile_instances
+
+    rc = compile_instances(project, instances)
+    if rc != 0:
+        raise KilnError(f"compile failed (doit exit code {rc}); see the messages above")
+
+
+def run_kernel(project: Project, args) -> int:
+    from kiln.inputs import describe, random_inputs
+
+    instances = [i for i in project.instances if i.kernel == args.name]
+    if not instances:
+        instances = project.select([args.name])
+    if args.shapes:
+        instances = [i for i in instances if i.shape_set == args.shapes]
+    if not instances:
+        raise KilnError(
+            f"no kernel or shape set matches {args.name!r}",
+            expected="a kernel of pipeline.yaml: "
+            + ", ".join(sorted({i.kernel for i in project.instances})),
+            found=args.name + (f" --shapes {args.shapes}" if args.shapes else ""),
+        )
+    inst = instances[0]
+    build(project, [inst])
+    runner = make_runner(project, args.target)
+    artifacts = kernel_artifacts(project, inst)
+    inputs = random_inputs(inst.name, [(a.shape, a.dtype) for a in artifacts.graph.args], args.seed)
+    result = runner.run(runner.prepare(artifacts), inputs)
+    print(f"{inst.name} on {args.target} ({inst.source.path}, seed {args.seed})")
+    for arg, array in zip(artifacts.graph.args, inputs, strict=True):
+        d = describe(array)
+        print(f"  in  {arg.attr('name')}: {d['dtype']}{d['shape']}")
+    for index, array in enumerate(result.outputs):
+        d = describe(array)
+        print(
+            f"  out {index}: {d['dtype']}{d['shape']}  min {d['min']:.6g}  max {d['max']:.6g}"
+            f"  mean {d['mean']:.6g}  std {d['std']:.6g}"
+            + (f"  non-finite {d['nonfinite']}" if d["nonfinite"] else "")
+        )
+    for key, value in sorted(result.metrics.items()):
+        print(f"  {key}: {value}")
+    if args.save_outputs:
+        import numpy as np
+
+        args.save_outputs.mkdir(parents=True, exist_ok=True)
+        for index, array in enumerate(result.outputs):
+            np.save(args.save_outputs / f"out{index}.npy", array)
+        print(f"  saved {len(result.outputs)} output(s) to {args.save_outputs}")
+    return 0
