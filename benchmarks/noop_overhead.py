@@ -1,0 +1,112 @@
+"""No-op build overhead: Kiln's `doit compile` vs a bare doit dodo, same task count.
+
+Generates a project with KERNELS kernels (one shape set each, the full
+stage table), builds it once, then times no-op runs of `doit compile`
+through Kiln's dodo.py, interleaved with no-op runs of a bare dodo that
+has the same number of file tasks (one file_dep, one target each). Prints
+both medians and their ratio (target: at most 1.5x).
+
+    python benchmarks/noop_overhead.py [--kernels 600] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STAGES = ["trace", "visa", "lir", "schedule", "edf"]
+PER_MODULE = 20
+
+BARE_DODO = '''
+DOIT_CONFIG = {"backend": "sqlite3", "dep_file": ".bare.sqlite3", "verbosity": 0}
+
+def _noop(targets):
+    pass
+
+def task_compile():
+    for i in range(%(tasks)d):
+        yield {
+            "name": f"t{i}",
+            "actions": [(_noop,)],
+            "file_dep": [f"src/f{i %% %(files)d}.txt"],
+            "targets": [f"out/t{i}"],
+        }
+'''
+
+
+def make_project(root: Path, kernels: int) -> None:
+    pkg = root / "bigkernels"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    for m in range(0, kernels, PER_MODULE):
+        lines = ["from kiln import Tensor, device", ""]
+        for k in range(m, min(m + PER_MODULE, kernels)):
+            lines += ["", "@device", f'def k{k}(a: Tensor["N"], b: Tensor["N"]):',
+                      f"    return a * {k % 7 + 1}.0 + b", ""]
+        (pkg / f"mod{m // PER_MODULE}.py").write_text("\n".join(lines))
+    stage_rows = "".join(f"  - {{name: {s}, module: stages.{s}}}\n" for s in STAGES)
+    kernel_rows = "".join(f"  k{k}: {{shapes: {{N: 64}}}}\n" for k in range(kernels))
+    machine = (REPO / "pipeline.yaml").read_text().split("machines:\n", 1)[1].split("\ntargets:")[0]
+    (root / "pipeline.yaml").write_text(
+        "project: noop-bench\npackages: [bigkernels]\nmachine: npu-v1\n"
+        f"stages:\n{stage_rows}kernels:\n{kernel_rows}machines:\n{machine}\n"
+    )
+    (root / "dodo.py").write_text((REPO / "dodo.py").read_text())
+
+
+def make_bare(root: Path, tasks: int, files: int) -> None:
+    (root / "src").mkdir(parents=True)
+    (root / "out").mkdir()
+    for i in range(files):
+        (root / "src" / f"f{i}.txt").write_text(str(i))
+    for i in range(tasks):
+        (root / "out" / f"t{i}").write_text("")
+    (root / "dodo.py").write_text(BARE_DODO % {"tasks": tasks, "files": files})
+
+
+def doit(cwd: Path, *args: str) -> float:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"doit failed in {cwd}:\n{proc.stdout}\n{proc.stderr}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=int, default=600)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    tasks = args.kernels * len(STAGES)
+    with tempfile.TemporaryDirectory() as tmp:
+        kiln_dir, bare_dir = Path(tmp) / "kiln", Path(tmp) / "bare"
+        make_project(kiln_dir, args.kernels)
+        make_bare(bare_dir, tasks, args.kernels // PER_MODULE)
+        print(f"building {args.kernels} kernels x {len(STAGES)} stages ({tasks} tasks) ...")
+        first = doit(kiln_dir, "-n", str(os.cpu_count() or 2), "compile")
+        print(f"  full build: {first:.1f} s")
+        doit(bare_dir)
+        doit(kiln_dir, "compile")  # settle: every task recorded
+        kiln_times, bare_times = [], []
+        for _ in range(args.repeat):
+            kiln_times.append(doit(kiln_dir, "compile"))
+            bare_times.append(doit(bare_dir))
+    k, b = statistics.median(kiln_times), statistics.median(bare_times)
+    print(f"no-op `doit compile`, {tasks} tasks (median of {args.repeat}):")
+    print(f"  kiln      {k * 1000:8.1f} ms")
+    print(f"  bare doit {b * 1000:8.1f} ms")
+    print(f"  ratio     {k / b:8.2f}x  (target <= 1.50x)")
+
+
+if __name__ == "__main__":
+    main()
