@@ -52,6 +52,10 @@ class Runner:
         self.options = dict(options or {})
         self.machine = machine
 
+    def unavailable(self) -> str | None:
+        """Why this runner cannot run here (missing extra, no device), or None."""
+        return None
+
     def prepare(self, artifacts: KernelArtifacts) -> Any:
         """Load/compile what ``run`` needs; called once per kernel instance."""
         raise NotImplementedError

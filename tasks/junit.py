@@ -1,0 +1,37 @@
+"""JUnit XML for CI systems: one testcase per kernel instance and target."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def write_junit(path: Path, reports: list[dict]) -> None:
+    from kiln.fsutil import write_bytes_atomic
+
+    suite = ET.Element("testsuite", name="kiln", tests=str(len(reports)))
+    counts = {"fail": 0, "error": 0, "skipped": 0}
+    for r in reports:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"kiln.{r['target']}",
+            name=r["kernel"],
+            time=f"{r.get('seconds', 0.0):.6f}",
+        )
+        status = r["status"]
+        if status == "fail":
+            counts["fail"] += 1
+            text = "\n".join(c.get("text", "") for c in r["outputs"] if not c["ok"])
+            ET.SubElement(case, "failure", message="output differs from the cpu oracle").text = text
+        elif status == "error":
+            counts["error"] += 1
+            ET.SubElement(case, "error", message="target failed to run").text = r["message"]
+        elif status == "skipped":
+            counts["skipped"] += 1
+            ET.SubElement(case, "skipped", message=r["reason"])
+    suite.set("failures", str(counts["fail"]))
+    suite.set("errors", str(counts["error"]))
+    suite.set("skipped", str(counts["skipped"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(path, ET.tostring(suite, encoding="utf-8", xml_declaration=True))

@@ -1,0 +1,181 @@
+"""`kiln test` and the `test:<kernel>@<target>` tasks: every target against the oracle."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from doit.tools import config_changed
+
+from kiln.errors import KilnError
+from tasks.compile import stage_artifact
+from tasks.digest import digest_json
+from tasks.project import KernelInstance, Project
+
+ORACLE = "cpu"
+
+
+def default_targets(project: Project) -> list[str]:
+    return [t.name for t in project.pipeline.targets if t.runner != "cpu"]
+
+
+def check_instance(
+    project: Project, inst: KernelInstance, targets: list[str], seed: int = 0
+) -> list[dict]:
+    """Run ``inst`` on each target with the oracle's inputs; one report dict per target."""
+    from kiln.compare import compare
+    from kiln.inputs import random_inputs
+    from runners.cpu import CpuRunner
+    from tasks.running import kernel_artifacts, make_runner
+
+    artifacts = kernel_artifacts(project, inst)
+    graph = artifacts.graph
+    inputs = random_inputs(inst.name, [(a.shape, a.dtype) for a in graph.args], seed)
+    oracle = CpuRunner()
+    expected = oracle.run(oracle.prepare(artifacts), inputs).outputs
+    tolerance = project.pipeline.kernel(inst.kernel).tolerance
+    reports = []
+    for target in targets:
+        runner = make_runner(project, target)
+        report = {"kernel": inst.name, "path": inst.source.path, "target": target, "seed": seed}
+        reason = runner.unavailable()
+        if reason:
+            reports.append({**report, "status": "skipped", "reason": reason})
+            continue
+        start = time.perf_counter()
+        try:
+            result = runner.run(runner.prepare(artifacts), inputs)
+        except KilnError as err:
+            reports.append(
+                {
+                    **report,
+                    "status": "error",
+                    "message": err.render(),
+                    "seconds": time.perf_counter() - start,
+                }
+            )
+            continue
+        comparisons = []
+        if len(result.outputs) != len(expected):
+            comparisons.append(
+                {
+                    "ok": False,
+                    "output": -1,
+                    "problem": f"{len(result.outputs)} outputs, expected {len(expected)}",
+                }
+            )
+        for i, (e, a, node) in enumerate(
+            zip(expected, result.outputs, graph.output_nodes, strict=False)
+        ):
+            c = compare(i, e, a, node.dtype, tolerance)
+            comparisons.append({**c.to_dict(), "text": c.describe()})
+        ok = all(c["ok"] for c in comparisons)
+        reports.append(
+            {
+                **report,
+                "status": "pass" if ok else "fail",
+                "seconds": time.perf_counter() - start,
+                "outputs": comparisons,
+                "metrics": {
+                    k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str))
+                },
+            }
+        )
+    return reports
+
+
+def format_report(r: dict) -> str:
+    head = f"{r['status'].upper():7} {r['kernel']} @ {r['target']}"
+    if r["status"] == "skipped":
+        return f"{head}: {r['reason']}"
+    if r["status"] == "error":
+        return f"{head}\n" + "\n".join("    " + line for line in r["message"].splitlines())
+    lines = [head]
+    for c in r["outputs"]:
+        if c.get("problem") or not c["ok"] or r["status"] == "fail":
+            lines.append("    " + (c.get("text") or c.get("problem", "")))
+    if r["status"] == "pass":
+        worst = max((c["max_abs"] for c in r["outputs"]), default=0.0)
+        lines[0] += f"  (max abs err {worst:.2g})"
+    return "\n".join(lines)
+
+
+def run_tests(project: Project, args) -> int:
+    from kiln.commands import _select
+    from kiln.fsutil import write_bytes_atomic
+    from tasks.running import build
+
+    instances = _select(project, args.filters)
+    targets = args.target or default_targets(project)
+    for t in targets:
+        from tasks.running import make_runner
+
+        make_runner(project, t)  # unknown target: error before building anything
+    build(project, instances)
+    reports = []
+    for inst in instances:
+        for report in check_instance(project, inst, targets, args.seed):
+            print(format_report(report), flush=True)
+            reports.append(report)
+    counts = {
+        s: sum(r["status"] == s for r in reports) for s in ("pass", "fail", "error", "skipped")
+    }
+    print("kiln test: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    report_file = project.out_dir / "test-report.json"
+    report_file.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(
+        report_file, json.dumps({"reports": reports}, indent=1, sort_keys=True).encode()
+    )
+    if args.junit:
+        from tasks.junit import write_junit
+
+        write_junit(args.junit, reports)
+    return 1 if counts["fail"] or counts["error"] else 0
+
+
+def test_tasks(project: Project, instances=None):
+    """doit tasks ``test:<instance>@<target>``: a JSON report per pair, failing on mismatch."""
+    last = project.pipeline.stages[-1]
+    first = project.pipeline.stages[0]
+    targets = default_targets(project)
+    specs = {
+        t.name: digest_json([t.runner, t.machine, sorted(t.options)])
+        for t in project.pipeline.targets
+    }
+    for inst in instances if instances is not None else project.instances:
+        deps = sorted({stage_artifact(inst, last.module), stage_artifact(inst, first.module)})
+        tol = digest_json(project.pipeline.kernel(inst.kernel).tolerance)
+        for target in targets:
+            report = str(inst.out_dir / f"test-{target}.json")
+            yield {
+                "name": f"{inst.name}@{target}",
+                "actions": [
+                    (_test_action, [str(project.pipeline_path), inst.name, target, report])
+                ],
+                "file_dep": deps,
+                "targets": [report],
+                "uptodate": [config_changed(specs[target] + tol)],
+                "clean": True,
+                "doc": f"check {inst.name} on {target} against the cpu oracle",
+            }
+
+
+def _test_action(pipeline: str, instance: str, target: str, report_path: str):
+    from doit.exceptions import TaskFailed
+
+    from kiln.fsutil import write_bytes_atomic
+
+    project = Project(Path(pipeline))
+    inst = next(i for i in project.instances if i.name == instance)
+    try:
+        (report,) = check_instance(project, inst, [target])
+    except KilnError as err:
+        from tasks.actions import failure
+
+        return failure(err)
+    print(format_report(report))
+    if report["status"] in ("fail", "error"):
+        return TaskFailed(format_report(report))
+    write_bytes_atomic(Path(report_path), json.dumps(report, indent=1, sort_keys=True).encode())
+    return None
