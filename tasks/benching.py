@@ -1,0 +1,104 @@
+"""`kiln bench`: time kernels on one target; a table, CSV or JSON."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+import time
+
+from kiln.errors import TargetError
+
+
+def time_runner(runner, prepared, inputs, iters: int, warmup: int) -> list[float]:
+    """Seconds per call; a runner with its own ``time`` (device-side timing) is preferred."""
+    own = getattr(runner, "time", None)
+    if own is not None:
+        return list(own(prepared, inputs, iters=iters, warmup=warmup))
+    for _ in range(warmup):
+        runner.run(prepared, inputs)
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        runner.run(prepared, inputs)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def bench_rows(project, instances, target: str, iters: int, warmup: int, device: int):
+    from kiln.inputs import random_inputs
+    from kiln.ir.cost import flops, io_bytes
+    from tasks.running import kernel_artifacts, make_runner
+
+    runner = make_runner(project, target)
+    if device:
+        runner.options["device_index"] = device
+    reason = runner.unavailable()
+    if reason:
+        raise TargetError(f"target {target!r} is not available here: {reason}")
+    rows = []
+    for inst in instances:
+        artifacts = kernel_artifacts(project, inst)
+        graph = artifacts.graph
+        inputs = random_inputs(inst.name, [(a.shape, a.dtype) for a in graph.args])
+        prepared = runner.prepare(artifacts)
+        row = {"kernel": inst.name, "target": target}
+        if runner.kind == "sim":
+            metrics = runner.run(prepared, inputs).metrics
+            row.update(
+                cycles=metrics.get("cycles"),
+                sim_us=metrics.get("microseconds"),
+                instructions=metrics.get("instructions"),
+            )
+        else:
+            samples = time_runner(runner, prepared, inputs, iters, warmup)
+            median, best = statistics.median(samples), min(samples)
+            row.update(
+                median_ms=median * 1e3,
+                min_ms=best * 1e3,
+                gflops=flops(graph) / median / 1e9,
+                gbps=io_bytes(graph) / median / 1e9,
+            )
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(rows, indent=1, sort_keys=True) + "\n"
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return buf.getvalue()
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="kiln bench")
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("kernel", "target") else "right")
+    for r in rows:
+        table.add_row(*[_fmt(r.get(c)) for c in columns])
+    console = Console(file=io.StringIO(), width=120, force_terminal=False)
+    console.print(table)
+    return console.file.getvalue()
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def run_bench(project, args) -> int:
+    from kiln.commands import _select
+    from tasks.running import build
+
+    instances = _select(project, args.filters)
+    build(project, instances)
+    rows = bench_rows(project, instances, args.target, args.iter, args.warmup, args.device)
+    print(render(rows, args.output_format), end="")
+    return 0
