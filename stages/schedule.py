@@ -1,0 +1,373 @@
+"""Stage 3: resource-constrained list scheduling, LIR Program -> ScheduledProgram.
+
+Each instruction gets a unit instance of its kind and a start cycle. The
+scheduler is event-driven: at each cycle where something finishes it
+releases the successors, then fills every free unit instance with the best
+ready instruction of its kind. ``critical-path`` ranks ready instructions by
+bottom level (longest latency-weighted path to a sink, ties by id);
+``in-order`` issues each unit kind's instructions strictly in program order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from heapq import heappop, heappush
+from pathlib import Path
+
+from kiln.errors import ArtifactError, Location, StageError, VerifyError
+from kiln.ir.edf import gc_paused
+from kiln.ir.lir import Program, ScheduledProgram, Slot
+from kiln.ir.schedule_check import (
+    bottom_levels,
+    check_schedule,
+    dependency_index,
+    kind_sort_key,
+    topological_order,
+    unit_instances,
+)
+
+NAME = "schedule"
+ARTIFACT = "kernel.sched"
+POLICIES = ("critical-path", "in-order")
+
+
+@dataclass(frozen=True)
+class Options:
+    policy: str = "critical-path"  # critical-path | in-order
+
+
+def run(program: Program, options: Options, machine: dict) -> ScheduledProgram:
+    """Schedule ``program`` on its units; StageError for an unknown policy or a bad graph."""
+    with gc_paused():  # GC passes were a third of the time at 100k instructions
+        return _run(program, options)
+
+
+def _run(program: Program, options: Options) -> ScheduledProgram:
+    if options.policy not in POLICIES:
+        raise StageError(
+            f"unknown scheduling policy {options.policy!r}",
+            expected="one of: " + ", ".join(POLICIES),
+            found=options.policy,
+        )
+    instrs = program.instrs
+    kinds = sorted((k for k, _ in program.units), key=kind_sort_key)
+    kind_no = {k: n for n, k in enumerate(kinds)}
+    counts = [int(dict(program.units)[k]) for k in kinds]
+    for k, c in zip(kinds, counts, strict=True):
+        if c < 1:
+            raise StageError(f"machine {program.machine!r} has {c} {k} units", expected=">= 1")
+    units: dict[str, tuple[int, int]] = {}  # unit name -> (kind number, bound instance)
+    kind_of, bound = [], []
+    for ins in instrs:
+        ku = units.get(ins.unit)
+        if ku is None:
+            ku = units[ins.unit] = _bind(ins, kind_no, kinds, counts)
+        kind_of.append(ku[0])
+        bound.append(ku[1])
+    lat = [ins.latency for ins in instrs]
+    if lat and min(lat) < 0:
+        bad = next(ins for ins in instrs if ins.latency < 0)
+        raise StageError(f"instruction {bad.id} (`{bad.text}`) has latency {bad.latency}")
+    try:
+        preds, backward = dependency_index(program)
+        order = topological_order(preds, backward)
+    except ValueError as exc:
+        raise StageError(f"cannot schedule {program.kernel!r}: {exc}") from None
+    if options.policy == "critical-path":
+        bl = bottom_levels(program, preds, order)
+        start, unit = _list_schedule(kind_of, bound, lat, preds, counts, bl, None)
+    else:
+        queues: list[list[int]] = [[] for _ in kinds]
+        for pos, k in enumerate(kind_of):
+            queues[k].append(pos)
+        start, unit = _list_schedule(kind_of, bound, lat, preds, counts, None, queues)
+        if start is None:
+            raise StageError(
+                f"cannot schedule {program.kernel!r} in order: a dependency points forward "
+                "in program order",
+                hint="use policy 'critical-path'",
+            )
+    names = [[f"{k}{i}" for i in range(c)] for k, c in zip(kinds, counts, strict=True)]
+    slots = tuple(
+        map(
+            Slot,
+            [ins.id for ins in instrs],
+            [names[k][u] for k, u in zip(kind_of, unit, strict=True)],
+            start,
+            [b + d for b, d in zip(start, lat, strict=True)],
+        )
+    )
+    return ScheduledProgram(program=program, slots=slots, policy=options.policy)
+
+
+def _bind(ins, kind_no: dict, kinds: list, counts: list) -> tuple[int, int]:
+    """(kind number, instance number or -1) of the unit an instruction is bound to."""
+    kind = ins.unit_kind
+    k = kind_no.get(kind)
+    if k is None:
+        raise StageError(
+            f"instruction {ins.id} (`{ins.text}`) needs a {kind!r} unit",
+            expected="one of: " + ", ".join(kinds),
+            found=ins.unit,
+        )
+    suffix = ins.unit[len(kind) :]
+    b = int(suffix) if suffix.isdigit() else -1
+    return k, b if b < counts[k] else -1
+
+
+def _list_schedule(kind_of, bound, lat, preds, counts, prio, queues):
+    """Start cycles and instance numbers per position; (None, None) if in-order deadlocks.
+
+    ``prio`` (bottom levels) selects critical-path; otherwise ``queues`` holds
+    each kind's positions in program order and only a queue's head may issue.
+    """
+    n = len(kind_of)
+    nk = len(counts)
+    succs: list[list[int]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    for k, p in enumerate(preds):
+        indeg[k] = len(p)
+        for s in p:
+            succs[s].append(k)
+    free = [[True] * c for c in counts]
+    nfree = list(counts)
+    start = [0] * n
+    unit = [0] * n
+    # heaps hold ints, cheaper to compare than tuples: events end * n + position;
+    # ready lists (top - bottom level) * n + position, so ties go to the lower position
+    events: list[int] = []
+    ready: list[list[int]] = [[] for _ in range(nk)]
+    heads = [0] * nk
+    push, pop = heappush, heappop
+    key = [0] * n
+    if prio is not None:
+        top = max(prio, default=0)
+        key = [(top - b) * n + p for p, b in enumerate(prio)]
+        for p in range(n):
+            if indeg[p] == 0:
+                push(ready[kind_of[p]], key[p])
+    done = 0
+    t = 0
+    while True:
+        for k in range(nk):
+            if not nfree[k]:
+                continue
+            fr = free[k]
+            if prio is not None:
+                h = ready[k]
+                while h and nfree[k]:
+                    p = pop(h) % n
+                    u = bound[p]
+                    if u < 0 or not fr[u]:
+                        u = fr.index(True)
+                    fr[u] = False
+                    nfree[k] -= 1
+                    start[p] = t
+                    unit[p] = u
+                    push(events, (t + lat[p]) * n + p)
+            else:
+                q = queues[k]
+                i = heads[k]
+                while nfree[k] and i < len(q) and indeg[q[i]] == 0:
+                    p = q[i]
+                    i += 1
+                    u = bound[p]
+                    if u < 0 or not fr[u]:
+                        u = fr.index(True)
+                    fr[u] = False
+                    nfree[k] -= 1
+                    start[p] = t
+                    unit[p] = u
+                    push(events, (t + lat[p]) * n + p)
+                heads[k] = i
+        if not events:
+            break
+        t = events[0] // n
+        limit = (t + 1) * n
+        while events and events[0] < limit:
+            p = pop(events) % n
+            done += 1
+            k = kind_of[p]
+            free[k][unit[p]] = True
+            nfree[k] += 1
+            for s in succs[p]:
+                indeg[s] -= 1
+                if indeg[s] == 0 and prio is not None:
+                    push(ready[kind_of[s]], key[s])
+    if done != n:
+        return None, None
+    return start, unit
+
+
+def serialize(sp: ScheduledProgram) -> bytes:
+    return sp.to_msgpack()
+
+
+def read(path: str | os.PathLike) -> ScheduledProgram:
+    """Load a ``kernel.sched`` artifact; ArtifactError naming the file if it is corrupt."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ArtifactError(
+            f"cannot read schedule artifact: {exc.strerror}", location=Location(str(path))
+        ) from None
+    try:
+        return ScheduledProgram.from_msgpack(raw)
+    except Exception as exc:  # msgpack, KeyError, ValueError, TypeError...
+        raise ArtifactError(
+            f"corrupt schedule artifact ({type(exc).__name__}: {exc})",
+            location=Location(str(path)),
+            hint="delete it and rebuild",
+        ) from None
+
+
+def verify(sp: ScheduledProgram, machine: dict) -> None:
+    """VerifyError naming the first broken rule, its instruction and how many more there are."""
+    raise_violations(sp, NAME)
+
+
+def raise_violations(sp: ScheduledProgram, stage: str) -> None:
+    """Shared by the schedule and EDF stages: turn check_schedule's list into a VerifyError."""
+    found = check_schedule(sp)
+    if not found:
+        return
+    first = found[0]
+    raise VerifyError(
+        f"stage {stage!r}: {first.describe(sp.program)}",
+        notes=[v.describe(sp.program) for v in found[1:6]]
+        + ([f"... and {len(found) - 6} more violations"] if len(found) > 6 else []),
+    )
+
+
+def trace_events(sp: ScheduledProgram, machine: dict, complete: bool = True) -> dict:
+    """The schedule as a Chrome Trace Event object (opens in Perfetto and chrome://tracing).
+
+    ``complete=False`` leaves out the per-instruction "X" events (trace_json formats them).
+    """
+    clock = _clock_mhz(machine)
+    program = sp.program
+    tids = {u: n + 1 for n, u in enumerate(unit_instances(program.units))}
+    for s in sp.slots:  # units the machine lacks still get a track (verify reports them)
+        tids.setdefault(s.unit, len(tids) + 1)
+    events: list[dict] = [
+        {"ph": "M", "pid": 1, "tid": 0, "name": "process_name", "args": {"name": program.kernel}}
+    ]
+    for u, tid in tids.items():
+        events.append({"ph": "M", "pid": 1, "tid": tid, "name": "thread_name", "args": {"name": u}})
+        events.append(
+            {
+                "ph": "M",
+                "pid": 1,
+                "tid": tid,
+                "name": "thread_sort_index",
+                "args": {"sort_index": tid},
+            }
+        )
+    for ins, s in zip(program.instrs, sp.slots, strict=False) if complete else ():
+        events.append(
+            {
+                "ph": "X",
+                "name": ins.opcode,
+                "cat": ins.unit_kind,
+                "ts": _us(s.start, clock),
+                "dur": _us(s.end - s.start, clock),
+                "pid": 1,
+                "tid": tids[s.unit],
+                "args": {
+                    "id": ins.id,
+                    "text": ins.text,
+                    "bytes": ins.nbytes,
+                    "cycles": [s.start, s.end],
+                    "deps": [[d.src, d.kind] for d in ins.deps],
+                },
+            }
+        )
+    other = {
+        "kernel": program.kernel,
+        "machine": machine.get("name", program.machine),
+        "policy": sp.policy,
+        "clock_mhz": clock,
+        "makespan_cycles": sp.makespan,
+        "instructions": len(program.instrs),
+    }
+    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}
+
+
+def trace_json(sp: ScheduledProgram, machine: dict) -> bytes:
+    """Canonical bytes of ``trace_events``: compact JSON, sorted keys, one event per line.
+
+    The per-instruction events are formatted from a template (5x faster than
+    json.dumps on 100k dicts); tests check that each line equals json.dumps of
+    the matching ``trace_events`` entry.
+    """
+    obj = trace_events(sp, machine, complete=False)
+    clock = obj["otherData"]["clock_mhz"]
+    tids = {e["args"]["name"]: e["tid"] for e in obj["traceEvents"] if e["name"] == "thread_name"}
+    lines = [_enc(e) for e in obj["traceEvents"]]
+    s_ = _enc_str
+    for ins, s in zip(sp.program.instrs, sp.slots, strict=False):
+        deps = "[" + ",".join(f"[{d.src},{s_(d.kind)}]" for d in ins.deps) + "]"
+        lines.append(
+            f'{{"args":{{"bytes":{ins.nbytes},"cycles":[{s.start},{s.end}],"deps":{deps},'
+            f'"id":{ins.id},"text":{s_(ins.text)}}},"cat":{s_(ins.unit_kind)},'
+            f'"dur":{_us(s.end - s.start, clock)!r},"name":{s_(ins.opcode)},"ph":"X",'
+            f'"pid":1,"tid":{tids[s.unit]},"ts":{_us(s.start, clock)!r}}}'
+        )
+    body = ",\n".join(lines)
+    text = (
+        f'{{"displayTimeUnit":{_enc(obj["displayTimeUnit"])},'
+        f'"otherData":{_enc(obj["otherData"])},\n"traceEvents":[\n{body}\n]}}\n'
+    )
+    return text.encode("ascii")
+
+
+def _enc(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+_enc_str = json.encoder.encode_basestring_ascii
+
+
+def _clock_mhz(machine: dict) -> float:
+    clock = machine.get("clock_mhz")
+    if not isinstance(clock, int | float) or isinstance(clock, bool) or clock <= 0:
+        raise StageError(
+            f"machine {machine.get('name', '?')!r} has no usable clock_mhz",
+            expected="a positive number (MHz)",
+            found=repr(clock),
+        )
+    return clock
+
+
+def _us(cycles: int, clock_mhz: float) -> float:
+    return round(cycles / clock_mhz, 6)
+
+
+def _dump_schedule(sp: ScheduledProgram, path: str | os.PathLike, machine: dict) -> None:
+    with gc_paused():
+        data = trace_json(sp, machine)
+    write_atomic(path, data)
+
+
+DUMPS = {"schedule": _dump_schedule}
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same directory and os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
