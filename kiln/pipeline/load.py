@@ -1,0 +1,382 @@
+"""Load pipeline.yaml: parse with positions, validate, normalize, check references.
+
+``load_pipeline`` does the full job; ``load_pipeline_cached`` keeps a pickle
+of the result so that a no-op build neither parses YAML nor imports
+jsonschema. Every problem is a PipelineError at the offending key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+import sys
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln.errors import PipelineError
+from kiln.pipeline.model import Pipeline
+from kiln.pipeline.yamlpos import describe, did_you_mean, join_path, load_yaml
+
+if TYPE_CHECKING:
+    from kiln.pipeline.yamlpos import SourceMap
+
+SCHEMA_PATH = Path(__file__).with_name("pipeline.schema.json")
+BUILTIN_RUNNERS = ("cpu", "sim", "iree", "npu")
+_CACHE_FORMAT = 1  # bump when the pickled model changes shape
+_validator: Any = None
+_UNUSABLE_CACHE = (
+    OSError,
+    EOFError,
+    pickle.UnpicklingError,
+    AttributeError,
+    ImportError,
+    IndexError,
+    TypeError,
+    ValueError,
+)
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
+    """Read, validate and normalize pipeline.yaml; raise PipelineError on any problem."""
+    path = Path(os.path.abspath(path))
+    data, smap = load_yaml(path)
+    if data is None:
+        smap.values[""] = (1, 1)
+        raise smap.error(
+            "pipeline file is empty",
+            "",
+            expected="a mapping with keys project, packages, kernels and stages",
+            found="an empty document",
+        )
+    if not isinstance(data, dict):
+        raise smap.error(
+            "the top level of the pipeline must be a mapping",
+            "",
+            value=True,
+            expected="a mapping (`project: ...`, `kernels: ...`)",
+            found=describe(data),
+        )
+    _validate_schema(data, smap)
+    _check_references(data, smap, path.parent)
+    return Pipeline.from_data(data, path, smap)
+
+
+def load_pipeline_cached(
+    path: str | os.PathLike[str], cache_dir: str | os.PathLike[str]
+) -> Pipeline:
+    """``load_pipeline`` with a pickle in ``cache_dir`` keyed by the file's stat.
+
+    The key is (absolute path, mtime_ns, size, kiln version, loader stamp);
+    a hit returns without reading YAML. A miss loads, validates and writes
+    the pickle atomically. Stage module lookups are not redone on a hit.
+    """
+    path = Path(os.path.abspath(path))
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return load_pipeline(path)  # raises the proper "not found" error
+    key = (str(path), stat.st_mtime_ns, stat.st_size, _kiln_version(), _loader_stamp())
+    cache_file = Path(cache_dir) / f"pipeline-{zlib.crc32(str(path).encode()):08x}.pickle"
+    try:
+        with open(cache_file, "rb") as handle:
+            cached_key, pipeline = pickle.load(handle)
+    except _UNUSABLE_CACHE:  # missing, corrupt, or written by another version: rebuild it
+        cached_key = pipeline = None
+    if cached_key == key and isinstance(pipeline, Pipeline):
+        return pipeline
+    pipeline = load_pipeline(path)
+    _write_atomic(cache_file, pickle.dumps((key, pipeline), protocol=pickle.HIGHEST_PROTOCOL))
+    return pipeline
+
+
+def _kiln_version() -> str:
+    return str(getattr(sys.modules.get("kiln"), "__version__", "0"))
+
+
+def _loader_stamp() -> tuple[int, ...]:
+    here = Path(__file__).parent
+    names = ("load.py", "model.py", "yamlpos.py", "pipeline.schema.json")
+    return (_CACHE_FORMAT, *(os.stat(here / name).st_mtime_ns for name in names))
+
+
+def _write_atomic(target: Path, payload: bytes) -> None:
+    import tempfile
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(payload)
+            os.replace(tmp, target)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:  # a cache that cannot be written only costs speed
+        pass
+
+
+# -- schema validation -----------------------------------------------------------
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema of pipeline.yaml (draft 2020-12), as a dict."""
+    return json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def _get_validator() -> Any:
+    global _validator
+    if _validator is None:
+        from jsonschema import Draft202012Validator, validators
+
+        def is_integer(_checker: Any, value: Any) -> bool:  # 3.0 is not a dim size
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        checker = Draft202012Validator.TYPE_CHECKER.redefine("integer", is_integer)
+        cls = validators.extend(Draft202012Validator, type_checker=checker)
+        schema = load_schema()
+        _validator = cls(_inline_refs(schema, schema.pop("$defs")))
+    return _validator
+
+
+def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
+    """Replace each local ``{"$ref": "#/$defs/x"}`` by a copy of x (the schema has no cycles).
+
+    Resolving thousands of $refs was most of the validation time of a large
+    pipeline; sibling annotations (title, description) override the target's.
+    """
+    if isinstance(node, list):
+        return [_inline_refs(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = {key: _inline_refs(value, defs) for key, value in node.items()}
+    ref = node.pop("$ref", None)
+    if ref is None:
+        return node
+    target = _inline_refs(defs[ref.removeprefix("#/$defs/")], defs)
+    if set(node) <= {"title", "description"}:
+        return {**target, **node}
+    return {**node, "allOf": [target]}
+
+
+def _validate_schema(data: dict[str, Any], smap: SourceMap) -> None:
+    from jsonschema.exceptions import best_match
+
+    error = best_match(_get_validator().iter_errors(data))
+    if error is not None:
+        raise _translate(error, smap)
+
+
+_TYPE_WORDS = {"object": "a mapping", "array": "a list", "string": "a string", "null": "null"}
+_TYPE_WORDS |= {"integer": "an integer", "number": "a number", "boolean": "a boolean"}
+_RANGE_WORDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+
+
+def _translate(error: Any, smap: SourceMap) -> PipelineError:
+    """Turn one jsonschema error into a PipelineError at the right key."""
+    parts = list(error.absolute_path)
+    path = join_path(parts)
+    where = f"'{path}'" if path else "the top level"
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    kind, rule, value = error.validator, error.validator_value, error.instance
+    if "propertyNames" in error.relative_schema_path:  # a badly formed key: point at the key
+        fixed = str(value).replace("-", "_").replace(".", "_")
+        hint = f"did you mean '{fixed}'?" if fixed.isidentifier() and fixed != value else None
+        expected = f"{schema.get('title', 'a name')} (pattern {schema.get('pattern')})"
+        message = f"invalid name '{value}' in {where}"
+        key_path = join_path([*parts, value])
+        return smap.error(message, key_path, expected=expected, found=repr(value), hint=hint)
+    if kind == "additionalProperties":
+        allowed = list(schema.get("properties", {}))
+        key = next(k for k in value if k not in allowed)
+        message = f"unknown key '{key}'" + (f" in {where}" if path else "")
+        expected, hint = "one of: " + ", ".join(allowed), did_you_mean(key, allowed)
+        key_path = join_path([*parts, key])
+        return smap.error(message, key_path, expected=expected, found=repr(key), hint=hint)
+    if kind == "required":
+        name = next(r for r in rule if r not in value)
+        message = f"missing required key '{name}'" + (f" in {where}" if path else "")
+        expected = "required keys: " + ", ".join(rule)
+        found = "keys: " + (", ".join(value) or "(none)")
+        return smap.error(message, join_path([*parts, name]), expected=expected, found=found)
+    message, expected, found, hint = _value_problem(kind, rule, value, schema, path, where)
+    return smap.error(
+        message or error.message, path, value=True, expected=expected, found=found, hint=hint
+    )
+
+
+def _value_problem(
+    kind: str, rule: Any, value: Any, schema: dict[str, Any], path: str, where: str
+) -> tuple[str | None, str | None, str | None, str | None]:
+    """(message, expected, found, hint) for a bad value; message None if unrecognised."""
+    title = schema.get("title")
+    if kind == "type":
+        types = [rule] if isinstance(rule, str) else rule
+        expected = " or ".join(_TYPE_WORDS.get(t, t) for t in types)
+        expected += f" ({title})" if title else ""
+        return f"wrong type for {where}", expected, describe(value), None
+    if kind in _RANGE_WORDS:
+        integer = isinstance(value, int) and "integer" in str(schema.get("type"))
+        expected = f"{'an integer' if integer else 'a number'} {_RANGE_WORDS[kind]} {rule}"
+        return f"value out of range for {where}", expected, repr(value), None
+    if kind == "enum":
+        expected = "one of: " + ", ".join(map(str, rule))
+        return f"invalid value for {where}", expected, describe(value), did_you_mean(value, rule)
+    if kind == "pattern":
+        expected = f"{title or 'a string'} (pattern {rule})"
+        return f"invalid {title or 'value'} for {where}", expected, repr(value), None
+    keys = path.split(".")
+    if kind == "minProperties" and keys[0] == "kernels" and keys[2:3] == ["shapes"]:
+        if len(keys) == 4:
+            message = f"shape set '{keys[3]}' of kernel '{keys[1]}' binds no dims"
+            return message, "at least one dim binding such as `{M: 64}`", "an empty mapping", None
+        message = f"kernel '{keys[1]}' has no shape sets"
+        return message, "shape sets such as `small: {M: 64}`", "an empty mapping", None
+    if kind in ("minItems", "maxItems") and schema.get("minItems") == schema.get("maxItems"):
+        message = f"wrong number of items in {where}"
+        return message, f"exactly {rule} items", f"{len(value)} items", None
+    if kind in ("minItems", "minProperties", "minLength") and rule == 1:
+        return f"{where} must not be empty", "at least one entry", describe(value), None
+    return None, None, None, None
+
+
+# -- references and other checks the schema cannot express ---------------------------
+
+
+def _unknown(smap: SourceMap, what: str, name: str, key_path: str, choices: Any, **kw: Any) -> Any:
+    """A "names something that does not exist" error with a did-you-mean hint."""
+    kw.setdefault("value", True)
+    kw.setdefault("expected", "one of: " + (", ".join(choices) or "(none declared)"))
+    kw.setdefault("hint", did_you_mean(name, choices))
+    message = f"unknown {what} '{name}'" + kw.pop("context", "")
+    return smap.error(message, key_path, found=repr(name), **kw)
+
+
+def _check_references(data: dict[str, Any], smap: SourceMap, root: Path) -> None:
+    machines = data.get("machines") or {}
+    stages: dict[str, int] = {}
+    for i, stage in enumerate(data["stages"]):
+        if stage["name"] in stages:
+            first = stages[stage["name"]]
+            raise smap.error(
+                f"duplicate stage name '{stage['name']}'",
+                f"stages[{i}].name",
+                value=True,
+                expected="each stage name once in `stages:`",
+                found=f"'{stage['name']}' again (first at stages[{first}])",
+            )
+        stages[stage["name"]] = i
+    named = [("machine", data.get("machine"))]
+    for name, spec in data["kernels"].items():
+        _check_shapes(name, spec["shapes"], smap)
+        named.append((f"kernels.{name}.machine", spec.get("machine")))
+        for stage in spec.get("options") or {}:
+            if stage not in stages:
+                key_path, context = f"kernels.{name}.options.{stage}", f" in options of '{name}'"
+                raise _unknown(smap, "stage", stage, key_path, stages, value=False, context=context)
+    for i, dump in enumerate(data.get("dumps") or []):
+        for j, kernel in enumerate(dump["kernels"]):
+            if kernel not in data["kernels"]:
+                raise _unknown(
+                    smap,
+                    "kernel",
+                    kernel,
+                    f"dumps[{i}].kernels[{j}]",
+                    data["kernels"],
+                    expected="a kernel declared under `kernels:`",
+                    context=" in dumps",
+                )
+    for name, target in (data.get("targets") or {}).items():
+        runner = target["runner"]
+        if runner not in BUILTIN_RUNNERS and "." not in runner and ":" not in runner:
+            raise _unknown(
+                smap,
+                "runner",
+                runner,
+                f"targets.{name}.runner",
+                BUILTIN_RUNNERS,
+                expected="one of: "
+                + ", ".join(BUILTIN_RUNNERS)
+                + ", or a plugin entry point name containing '.' or ':'",
+                context=f" for target '{name}'",
+            )
+        named.append((f"targets.{name}.machine", target.get("machine")))
+    for key_path, machine in named:
+        if machine is not None and machine not in machines:
+            raise _unknown(
+                smap,
+                "machine",
+                machine,
+                key_path,
+                machines,
+                expected="a machine declared under `machines:`: "
+                + (", ".join(machines) or "(no `machines:` section)"),
+                hint=did_you_mean(machine, machines)
+                or (None if machines else "declare it under a `machines:` section"),
+            )
+    for i, stage in enumerate(data["stages"]):
+        problem = _find_module(stage["module"], root)
+        if problem is not None:
+            raise smap.error(
+                f"stage '{stage['name']}' names a module that cannot be found",
+                f"stages[{i}].module",
+                value=True,
+                found=f"'{stage['module']}': {problem}",
+                expected=f"an importable module (searched sys.path and {root})",
+            )
+
+
+def _check_shapes(kernel: str, shapes: dict[str, Any], smap: SourceMap) -> None:
+    base = f"kernels.{kernel}.shapes"
+    flat = [isinstance(v, int) for v in shapes.values()]
+    if any(flat) and not all(flat):
+        odd = next(k for k, f in zip(shapes, flat, strict=True) if f != flat[0])
+        raise smap.error(
+            f"kernel '{kernel}' mixes flat dims and named shape sets",
+            f"{base}.{odd}",
+            value=True,
+            expected="either `{dim: size, ...}` or `{set: {dim: size, ...}, ...}`",
+            found=describe(shapes[odd]),
+        )
+    if all(flat):
+        for dim in shapes:
+            if not dim.isidentifier():
+                raise smap.error(
+                    f"invalid dim name '{dim}'",
+                    f"{base}.{dim}",
+                    expected="a Python identifier such as M or K",
+                    found=repr(dim),
+                )
+
+
+def _find_module(module: str, root: Path) -> str | None:
+    """Why ``module`` cannot be imported from sys.path plus ``root``; None if it can.
+
+    Uses find_spec, so the module itself is not executed (its parent
+    packages are imported, as Python must to find it).
+    """
+    root_text = str(root)
+    added = root_text not in sys.path
+    if added:
+        sys.path.insert(0, root_text)
+    try:
+        for attempt in range(2):
+            try:
+                spec = importlib.util.find_spec(module)
+            except ModuleNotFoundError as exc:
+                spec, missing = None, f"package '{exc.name}' not found"
+            except Exception as exc:  # noqa: BLE001 - a parent package's __init__ can raise anything
+                return f"{type(exc).__name__} while importing its package: {exc}"
+            else:
+                missing = "no such module"
+            if spec is not None:
+                return None
+            if attempt == 0:  # a module created a moment ago may hide behind stale finder caches
+                importlib.invalidate_caches()
+        return missing
+    finally:
+        if added:
+            sys.path.remove(root_text)

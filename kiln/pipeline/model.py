@@ -1,0 +1,290 @@
+"""The normalized pipeline: frozen dataclasses built by ``load_pipeline``.
+
+Everything is in file order, with defaults filled in. Free-form data the
+schema leaves open (stage options, machine models) is plain JSON data and
+must be treated as read-only: it is shared by every caller.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from kiln.errors import Location, PipelineError
+
+if TYPE_CHECKING:
+    from kiln.pipeline.yamlpos import SourceMap
+
+DEFAULT_OUT_DIR = "build/kiln/kernel"
+OUT_DIR_ENV = "KILN_OUT_DIR"
+
+Options = tuple[tuple[str, Any], ...]
+Dims = tuple[tuple[str, int], ...]
+_TRANSIENT = frozenset({"_source", "_index"})
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One entry of ``kernels:``: which @device function, at which shapes and dtypes."""
+
+    name: str
+    function: str | None = None  # dotted pkg.module.func, when the name alone is ambiguous
+    dtype: str = "f32"
+    dtypes: tuple[tuple[str, str], ...] = ()  # (argument, dtype) overrides
+    shapes: tuple[tuple[str, Dims], ...] = ()  # (set name, ((dim, size), ...)), file order
+    options: tuple[tuple[str, Options], ...] = ()  # (stage name, option overrides)
+    tolerance: dict[str, float] | None = field(default=None, hash=False)
+    machine: str | None = None
+
+    def arg_dtype(self, arg: str) -> str:
+        """The dtype of argument ``arg``: its override, else the kernel's dtype."""
+        return dict(self.dtypes).get(arg, self.dtype)
+
+    def shape_set(self, name: str) -> dict[str, int]:
+        """The dims bound by shape set ``name`` (KeyError if there is none)."""
+        for set_name, dims in self.shapes:
+            if set_name == name:
+                return dict(dims)
+        raise KeyError(f"kernel {self.name!r} has no shape set {name!r}")
+
+    @property
+    def shape_set_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.shapes)
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    """One row of ``stages:``: a stage name, its module and its options."""
+
+    name: str
+    module: str
+    options: Options = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DumpSpec:
+    """One entry of ``dumps:``: which dump kinds to write for which kernels."""
+
+    kernels: tuple[str, ...]
+    kinds: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    """One entry of ``targets:``: a runner, the machine it models, its options."""
+
+    name: str
+    runner: str
+    machine: str | None = None
+    options: Options = ()
+    tolerance: dict[str, float] | None = field(default=None, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AppSpec:
+    """One entry of ``apps:``: a program that calls kernels, and its tests."""
+
+    name: str
+    module: str
+    tests: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """A loaded, validated pipeline.yaml."""
+
+    path: Path  # absolute path of pipeline.yaml
+    root: Path  # its directory: relative paths and module lookups start here
+    project: str
+    out_dir: str = DEFAULT_OUT_DIR
+    cache_check: Literal["timestamp", "md5"] = "timestamp"
+    packages: tuple[str, ...] = ()
+    machine: str | None = None
+    kernels: tuple[KernelSpec, ...] = ()
+    stages: tuple[StageSpec, ...] = ()
+    dumps: tuple[DumpSpec, ...] = ()
+    machines: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
+    targets: tuple[TargetSpec, ...] = ()
+    apps: tuple[AppSpec, ...] = ()
+    # Private: key path -> position, rebuilt from the file on demand when None
+    # (the cached pickle leaves it out), and a name -> kernel index.
+    _source: SourceMap | None = field(default=None, compare=False, hash=False, repr=False)
+    _index: dict[str, KernelSpec] | None = field(
+        default=None, compare=False, hash=False, repr=False
+    )
+
+    def __getstate__(self) -> list[Any]:
+        """Pickle without the private source map and index (rebuilt on demand)."""
+        return [None if f.name in _TRANSIENT else getattr(self, f.name) for f in fields(self)]
+
+    def __setstate__(self, state: list[Any]) -> None:
+        for f, value in zip(fields(self), state, strict=True):
+            object.__setattr__(self, f.name, value)
+
+    @classmethod
+    def from_data(
+        cls, data: dict[str, Any], path: Path, source: SourceMap | None = None
+    ) -> Pipeline:
+        """Normalize validated pipeline data (defaults filled in, file order kept)."""
+        get = data.get
+        return cls(
+            path=path,
+            root=path.parent,
+            project=data["project"],
+            out_dir=get("out_dir", DEFAULT_OUT_DIR),
+            cache_check=(get("cache") or {}).get("check", "timestamp"),
+            packages=tuple(data["packages"]),
+            machine=get("machine"),
+            kernels=tuple(_kernel(name, spec) for name, spec in data["kernels"].items()),
+            stages=tuple(
+                StageSpec(s["name"], s["module"], _items(s.get("options"))) for s in data["stages"]
+            ),
+            dumps=tuple(
+                DumpSpec(tuple(d["kernels"]), tuple(d["kinds"])) for d in get("dumps") or ()
+            ),
+            machines=dict(get("machines") or {}),
+            targets=tuple(
+                TargetSpec(
+                    n, t["runner"], t.get("machine"), _items(t.get("options")), t.get("tolerance")
+                )
+                for n, t in (get("targets") or {}).items()
+            ),
+            apps=tuple(
+                AppSpec(n, a["module"], tuple(a.get("tests") or ()))
+                for n, a in (get("apps") or {}).items()
+            ),
+            _source=source,
+        )
+
+    # -- lookups -----------------------------------------------------------
+
+    def kernel(self, name: str) -> KernelSpec:
+        """The kernel called ``name`` (KeyError if there is none)."""
+        index = self._index
+        if index is None:
+            index = {k.name: k for k in self.kernels}
+            object.__setattr__(self, "_index", index)
+        try:
+            return index[name]
+        except KeyError:
+            raise KeyError(f"no kernel {name!r} in {self.path}") from None
+
+    def stage(self, name: str) -> StageSpec:
+        """The stage called ``name`` (KeyError if there is none)."""
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"no stage {name!r} in {self.path}")
+
+    def target(self, name: str) -> TargetSpec:
+        """The target called ``name`` (KeyError if there is none)."""
+        for target in self.targets:
+            if target.name == name:
+                return target
+        raise KeyError(f"no target {name!r} in {self.path}")
+
+    def app(self, name: str) -> AppSpec:
+        """The app called ``name`` (KeyError if there is none)."""
+        for app in self.apps:
+            if app.name == name:
+                return app
+        raise KeyError(f"no app {name!r} in {self.path}")
+
+    def machine_model(self, name: str | None = None) -> dict[str, Any]:
+        """The machine model ``name``, else the default one (read-only, shared).
+
+        The default is the top-level ``machine:``; without one, the only entry
+        of ``machines:``. Raises PipelineError when there is no such machine.
+        """
+        if name is None:
+            name = self.machine
+            if name is None:
+                if len(self.machines) == 1:
+                    return next(iter(self.machines.values()))
+                raise PipelineError(
+                    "no default machine: set the top-level `machine:` key",
+                    self.locate("machines" if self.machines else ""),
+                    expected="`machine:` naming one of: "
+                    + (", ".join(self.machines) or "(no machines)"),
+                    found=f"{len(self.machines)} machines and no `machine:`",
+                )
+        try:
+            return self.machines[name]
+        except KeyError:
+            raise PipelineError(
+                f"unknown machine '{name}'",
+                self.locate("machines"),
+                expected="one of: " + (", ".join(self.machines) or "(no machines declared)"),
+                found=repr(name),
+            ) from None
+
+    def stage_options(self, kernel: str | KernelSpec, stage: str) -> dict[str, Any]:
+        """Stage ``stage``'s options with ``kernel``'s per-stage overrides on top."""
+        spec = self.kernel(kernel) if isinstance(kernel, str) else kernel
+        merged = dict(self.stage(stage).options)
+        for stage_name, overrides in spec.options:
+            if stage_name == stage:
+                merged.update(overrides)
+        return merged
+
+    def kernel_machine(self, kernel: str | KernelSpec) -> dict[str, Any]:
+        """The machine model a kernel compiles for: its own ``machine:``, else the default."""
+        spec = self.kernel(kernel) if isinstance(kernel, str) else kernel
+        return self.machine_model(spec.machine)
+
+    def resolve_out_dir(self) -> Path:
+        """Artifact root: $KILN_OUT_DIR, else ``out_dir``, else build/kiln/kernel; absolute."""
+        value = os.environ.get(OUT_DIR_ENV) or self.out_dir or DEFAULT_OUT_DIR
+        path = Path(value).expanduser()
+        return path if path.is_absolute() else self.root / path
+
+    # -- diagnostics -------------------------------------------------------
+
+    def locate(self, key_path: str, *, value: bool = False) -> Location:
+        """Where ``key_path`` (e.g. ``kernels.gemm.shapes.small``) is written.
+
+        Points at the key (or at its value with ``value=True``); a path that is
+        not in the file falls back to its nearest written parent. Used to raise
+        PipelineError from code that checks the pipeline later (discovery).
+        """
+        source = self._source
+        if source is None:
+            from kiln.pipeline.yamlpos import display_name, load_yaml
+
+            try:
+                _, source = load_yaml(self.path)
+            except PipelineError:  # edited into something unreadable since
+                return Location(display_name(self.path), key_path=key_path or None)
+            object.__setattr__(self, "_source", source)
+        return source.locate(key_path, value=value)
+
+    def error(
+        self, message: str, key_path: str, *, value: bool = False, **detail: Any
+    ) -> PipelineError:
+        """A PipelineError at ``key_path``; ``detail`` is expected=/found=/hint=/notes=."""
+        return PipelineError(message, self.locate(key_path, value=value), **detail)
+
+
+def _items(mapping: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    return tuple((mapping or {}).items())
+
+
+def _kernel(name: str, spec: dict[str, Any]) -> KernelSpec:
+    shapes = spec["shapes"]
+    if all(isinstance(size, int) for size in shapes.values()):  # one flat set of dims
+        sets: tuple[tuple[str, Dims], ...] = (("default", _items(shapes)),)
+    else:
+        sets = tuple((set_name, _items(dims)) for set_name, dims in shapes.items())
+    options = spec.get("options") or {}
+    return KernelSpec(
+        name=name,
+        function=spec.get("function"),
+        dtype=spec.get("dtype", "f32"),
+        dtypes=_items(spec.get("dtypes")),
+        shapes=sets,
+        options=tuple((stage, _items(overrides)) for stage, overrides in options.items()),
+        tolerance=spec.get("tolerance"),
+        machine=spec.get("machine"),
+    )

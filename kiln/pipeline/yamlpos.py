@@ -1,0 +1,274 @@
+"""YAML loading that remembers the line and column of every key and value.
+
+PyYAML's constructors drop node marks and silently keep the last of two
+equal keys, so this module composes the node tree (with libyaml when it is
+available) and builds plain Python data from it itself: mapping keys are
+their scalar text, duplicates are errors, ``<<`` merge keys work, and each
+key path (``kernels.gemm.shapes.small.M``, ``stages[2].module``) gets a
+position.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln.errors import Location, PipelineError
+
+if TYPE_CHECKING:  # PyYAML itself is imported only when a file is parsed
+    import yaml
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+Position = tuple[int, int]  # 1-based line and column
+
+
+def child_path(parent: str, key: str | int) -> str:
+    """The key path of ``key`` (a mapping key or a list index) under ``parent``."""
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    return f"{parent}.{key}" if parent else key
+
+
+def parent_path(path: str) -> str | None:
+    """The key path one level up; ``""`` is the document root, its parent None."""
+    if not path:
+        return None
+    if path.endswith("]"):
+        return path[: path.rindex("[")]
+    cut = path.rfind(".")
+    bracket = path.rfind("]")
+    if cut < 0 or cut < bracket:
+        return path[: bracket + 1] if bracket >= 0 else ""
+    return path[:cut]
+
+
+def join_path(parts: Any) -> str:
+    """The key path of a sequence of keys and indexes (jsonschema's ``absolute_path``)."""
+    path = ""
+    for part in parts:
+        path = child_path(path, part) if isinstance(part, int) else child_path(path, str(part))
+    return path
+
+
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+_KINDS.update({list: "a list", dict: "a mapping", type(None): "nothing (null)"})
+
+
+def describe(value: Any) -> str:
+    """How a found value is shown in a message: its YAML kind and a short repr."""
+    kind = _KINDS.get(type(value), type(value).__name__)
+    if value is None:
+        return kind
+    text = repr(value)
+    return f"{kind} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def did_you_mean(word: Any, choices: Any) -> str | None:
+    """A "did you mean 'X'?" hint for a misspelt name, or None."""
+    if not isinstance(word, str):
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else None
+
+
+def display_name(path: Path | str) -> str:
+    """How a file is named in messages: relative to the cwd when it lies below it."""
+    path = Path(path)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+@dataclass(slots=True)
+class SourceMap:
+    """Where each key path of one YAML file was written."""
+
+    file: str
+    lines: tuple[str, ...]
+    keys: dict[str, Position]  # position of the key text of a mapping entry
+    values: dict[str, Position]  # position of the value (or list item)
+
+    def source(self, line: int | None) -> str | None:
+        if line is None or not 1 <= line <= len(self.lines):
+            return None
+        return self.lines[line - 1]
+
+    def position(self, key_path: str, *, value: bool = False) -> Position | None:
+        """The key's position (or the value's), falling back to the nearest parent."""
+        path: str | None = key_path
+        while path is not None:
+            first, second = (self.values, self.keys) if value else (self.keys, self.values)
+            pos = first.get(path) or second.get(path)
+            if pos is not None:
+                return pos
+            path = parent_path(path)
+        return None
+
+    def locate(self, key_path: str, *, value: bool = False) -> Location:
+        """A Location for ``key_path``: its key by default, its value when asked."""
+        pos = self.position(key_path, value=value)
+        if pos is None:
+            return Location(self.file, key_path=key_path or None)
+        return Location(self.file, pos[0], pos[1], key_path or None, self.source(pos[0]))
+
+    def error(
+        self, message: str, key_path: str, *, value: bool = False, **detail: Any
+    ) -> PipelineError:
+        """A PipelineError pointing at ``key_path`` (``expected=``, ``found=``, ``hint=``)."""
+        return PipelineError(message, self.locate(key_path, value=value), **detail)
+
+
+def _mark_error(file: str, lines: tuple[str, ...], exc: Any) -> PipelineError:
+    mark = exc.problem_mark or exc.context_mark
+    problem = exc.problem or exc.context or "cannot parse"
+    notes = []
+    if exc.context and exc.problem and exc.context_mark is not None:
+        notes.append(f"{exc.context} (line {exc.context_mark.line + 1})")
+    if mark is None:
+        return PipelineError(f"invalid YAML: {problem}", Location(file), notes=notes)
+    line, column = mark.line + 1, mark.column + 1
+    source = lines[line - 1] if 1 <= line <= len(lines) else None
+    return PipelineError(
+        f"invalid YAML: {problem}",
+        Location(file, line, column, None, source),
+        expected="valid YAML",
+        found=problem,
+        notes=notes,
+    )
+
+
+class _Builder:
+    """Turns a composed node tree into dicts/lists/scalars and a SourceMap."""
+
+    def __init__(self, loader: Any, smap: SourceMap) -> None:
+        self.loader = loader
+        self.smap = smap
+        self.active: set[int] = set()  # nodes on the current path (recursive aliases)
+        self.merging = 0  # > 0 while building the mapping of a `<<` merge key
+
+    def pos(self, node: yaml.Node) -> Position:
+        return (node.start_mark.line + 1, node.start_mark.column + 1)
+
+    def build(self, node: yaml.Node, path: str) -> Any:
+        self.smap.values.setdefault(path, self.pos(node))
+        if node.id == "scalar":
+            return self.loader.construct_object(node)
+        if id(node) in self.active:
+            raise self.smap.error(
+                "recursive YAML alias",
+                path,
+                value=True,
+                expected="a finite document",
+                found="an alias inside its own anchor",
+            )
+        self.active.add(id(node))
+        try:
+            if node.id == "sequence":
+                return [self.build(item, child_path(path, i)) for i, item in enumerate(node.value)]
+            return self.mapping(node, path)
+        finally:
+            self.active.discard(id(node))
+
+    def key_text(self, key: yaml.Node, path: str) -> str:
+        if key.id != "scalar":
+            line, col = self.pos(key)
+            raise PipelineError(
+                "mapping keys must be plain names",
+                Location(self.smap.file, line, col, path or None, self.smap.source(line)),
+                expected="a scalar key such as `name:`",
+                found=f"a {'list' if key.id == 'sequence' else 'mapping'} used as a key",
+            )
+        return str(key.value)
+
+    def record(self, path: str, key: yaml.Node, value: yaml.Node) -> None:
+        if self.merging:  # a merged key never moves an explicit key's position
+            self.smap.keys.setdefault(path, self.pos(key))
+            self.smap.values.setdefault(path, self.pos(value))
+        else:
+            self.smap.keys[path] = self.pos(key)
+            self.smap.values[path] = self.pos(value)
+
+    def mapping(self, node: yaml.MappingNode, path: str) -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        merges: list[yaml.Node] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                merges.append(value_node)
+                continue
+            key = self.key_text(key_node, path)
+            sub = child_path(path, key)
+            if key in result:
+                first = self.smap.keys.get(sub, self.pos(key_node))
+                line, col = self.pos(key_node)
+                raise PipelineError(
+                    f"duplicate key '{key}'",
+                    Location(self.smap.file, line, col, sub, self.smap.source(line)),
+                    expected="each key at most once in a mapping",
+                    found=f"'{key}' again (first defined at line {first[0]})",
+                    hint="merge the two entries or rename one of them",
+                )
+            self.record(sub, key_node, value_node)
+            result[key] = self.build(value_node, sub)
+        for merge in merges:  # explicit keys win; among merged mappings, the first wins
+            sources = merge.value if merge.id == "sequence" else [merge]
+            for source in sources:
+                if source.id != "mapping":
+                    raise self.smap.error(
+                        "a '<<' merge key needs a mapping or a list of mappings",
+                        path,
+                        expected="an alias of a mapping",
+                        found=source.tag,
+                    )
+                self.merging += 1
+                try:
+                    merged = self.build(source, path)
+                finally:
+                    self.merging -= 1
+                for key, value in merged.items():
+                    result.setdefault(key, value)
+        return result
+
+
+def load_yaml(path: Path, text: str | None = None) -> tuple[Any, SourceMap]:
+    """Parse ``path`` (or ``text``) into plain data and a SourceMap.
+
+    Raises PipelineError for unreadable files, invalid YAML, duplicate keys,
+    non-scalar keys and recursive aliases. An empty document gives ``None``.
+    """
+    file = display_name(path)
+    if text is None:
+        try:
+            text = Path(path).read_bytes().decode("utf-8-sig")  # a BOM is not content
+        except FileNotFoundError:
+            raise PipelineError(f"pipeline file not found: {file}", Location(file)) from None
+        except UnicodeDecodeError as exc:
+            raise PipelineError(
+                f"pipeline file is not UTF-8 text: {exc.reason}", Location(file)
+            ) from None
+        except OSError as exc:
+            raise PipelineError(
+                f"cannot read pipeline file: {os.strerror(exc.errno or 0)}", Location(file)
+            ) from None
+    import yaml
+
+    lines = tuple(text.splitlines())
+    smap = SourceMap(file, lines, {}, {})
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml when available
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, smap
+        data = _Builder(loader, smap).build(node, "")
+    except yaml.MarkedYAMLError as exc:
+        raise _mark_error(file, lines, exc) from None
+    except yaml.YAMLError as exc:  # e.g. a reader error with no mark
+        raise PipelineError(f"invalid YAML: {exc}", Location(file)) from None
+    finally:
+        loader.dispose()
+    return data, smap
