@@ -56,7 +56,7 @@ def literal(value, dtype: str) -> str:
 
 
 def _half_bits(x, dtype: str) -> str:
-    return "0x%04X" % int(np.asarray(x, NUMPY_DTYPES[dtype]).view(np.uint16))
+    return f"0x{int(np.asarray(x, NUMPY_DTYPES[dtype]).view(np.uint16)):04X}"
 
 
 def affine(rank: int, results: list[str] | tuple[str, ...]) -> str:
@@ -96,6 +96,34 @@ class Body:
         name = self.fn.fresh()
         self.lines.append(f"{name} = {text}")
         return name
+
+    def ins(self, op: str, *args: str, t: str = "f32") -> str:
+        """``op a, b : t`` (unary and binary arith/math ops share this form)."""
+        return self.op(f"{op} {', '.join(args)} : {t}")
+
+    def narrow(self, x: str, elem: str) -> str:
+        """Round an f32 value to f16/bf16 (nearest-even), as numpy does.
+
+        bf16 is rounded with integer ops: IREE computes bf16 in f32 and folds
+        ``extf(truncf(x))`` to ``x``, which would skip the rounding.
+        """
+        if elem != "bf16":
+            return self.op(f"arith.truncf {x} : f32 to {elem}")
+        i32 = "i32"
+        bits = self.op(f"arith.bitcast {x} : f32 to i32")
+        sixteen = self.const(16, i32)
+        lsb = self.ins(
+            "arith.andi", self.ins("arith.shrui", bits, sixteen, t=i32), self.const(1, i32), t=i32
+        )
+        rounded = self.ins(
+            "arith.addi", bits, self.ins("arith.addi", lsb, self.const(0x7FFF, i32), t=i32), t=i32
+        )
+        high = self.op(
+            f"arith.trunci {self.ins('arith.shrui', rounded, sixteen, t=i32)} : i32 to i16"
+        )
+        value = self.op(f"arith.bitcast {high} : i16 to bf16")
+        nan = self.op(f"arith.cmpf uno, {x}, {x} : f32")
+        return self.op(f"arith.select {nan}, {self.const(float('nan'), 'bf16')}, {value} : bf16")
 
     def const(self, value, dtype: str) -> str:
         text = literal(value, dtype)
@@ -142,43 +170,43 @@ def _relu(b, node, args, t):
 
 
 def _sigmoid(b, node, args, t):
-    e = b.op(f"math.exp {b.op(f'arith.negf {args[0]} : {t}')} : {t}")
     one = b.const(1, "f32")
-    return b.op(f"arith.divf {one}, {b.op(f'arith.addf {one}, {e} : f32')} : f32")
+    e = b.ins("math.exp", b.ins("arith.negf", args[0]))
+    return b.ins("arith.divf", one, b.ins("arith.addf", one, e))
 
 
 def _gelu(b, node, args, t):
     (x,) = args
     c = b.const(float(np.sqrt(2.0 / np.pi)), "f32")
-    x3 = b.op(f"arith.mulf {b.op(f'arith.mulf {x}, {x} : f32')}, {x} : f32")
-    inner = b.op(
-        f"arith.addf {x}, {b.op(f'arith.mulf {b.const(0.044715, 'f32')}, {x3} : f32')} : f32"
-    )
-    th = b.op(f"math.tanh {b.op(f'arith.mulf {c}, {inner} : f32')} : f32")
-    half_x = b.op(f"arith.mulf {b.const(0.5, 'f32')}, {x} : f32")
-    return b.op(f"arith.mulf {half_x}, {b.op(f'arith.addf {b.const(1, 'f32')}, {th} : f32')} : f32")
+    x3 = b.ins("arith.mulf", b.ins("arith.mulf", x, x), x)
+    inner = b.ins("arith.addf", x, b.ins("arith.mulf", b.const(0.044715, "f32"), x3))
+    th = b.ins("math.tanh", b.ins("arith.mulf", c, inner))
+    half_x = b.ins("arith.mulf", b.const(0.5, "f32"), x)
+    return b.ins("arith.mulf", half_x, b.ins("arith.addf", b.const(1, "f32"), th))
 
 
 def _pow(b, node, args, t):
     a, e = args
     if t == "i32":  # square-and-multiply over the 31 bits of max(e, 0): no loop, wraps like numpy
-        e = b.op(f"arith.maxsi {e}, {b.const(0, 'i32')} : i32")
+        zero = b.const(0, "i32")
+        e = b.ins("arith.maxsi", e, zero, t="i32")
         result, base = b.const(1, "i32"), a
         for k in range(31):
-            bit = b.op(f"arith.andi {e}, {b.const(1 << k, 'i32')} : i32")
-            on = b.op(f"arith.cmpi ne, {bit}, {b.const(0, 'i32')} : i32")
-            prod = b.op(f"arith.muli {result}, {base} : i32")
+            bit = b.ins("arith.andi", e, b.const(1 << k, "i32"), t="i32")
+            on = b.op(f"arith.cmpi ne, {bit}, {zero} : i32")
+            prod = b.ins("arith.muli", result, base, t="i32")
             result = b.op(f"arith.select {on}, {prod}, {result} : i32")
             if k < 30:
-                base = b.op(f"arith.muli {base}, {base} : i32")
+                base = b.ins("arith.muli", base, base, t="i32")
         return result
     # math.powf is exp(b*log(a)): NaN for a < 0. Take |a| and restore numpy's sign rule.
-    p = b.op(f"math.powf {b.op(f'math.absf {a} : f32')}, {e} : f32")
-    is_int = b.op(f"arith.cmpf oeq, {b.op(f'math.trunc {e} : f32')}, {e} : f32")
-    half = b.op(f"arith.mulf {e}, {b.const(0.5, 'f32')} : f32")
-    even = b.op(f"arith.cmpf oeq, {b.op(f'math.trunc {half} : f32')}, {half} : f32")
-    signed = b.op(f"arith.select {even}, {p}, {b.op(f'arith.negf {p} : f32')} : f32")
-    neg_result = b.op(f"arith.select {is_int}, {signed}, {b.const(float('nan'), 'f32')} : f32")
+    p = b.ins("math.powf", b.ins("math.absf", a), e)
+    is_int = b.op(f"arith.cmpf oeq, {b.ins('math.trunc', e)}, {e} : f32")
+    half = b.ins("arith.mulf", e, b.const(0.5, "f32"))
+    even = b.op(f"arith.cmpf oeq, {b.ins('math.trunc', half)}, {half} : f32")
+    signed = b.op(f"arith.select {even}, {p}, {b.ins('arith.negf', p)} : f32")
+    nan = b.const(float("nan"), "f32")
+    neg_result = b.op(f"arith.select {is_int}, {signed}, {nan} : f32")
     negative = b.op(f"arith.cmpf olt, {a}, {b.const(0, 'f32')} : f32")
     return b.op(f"arith.select {negative}, {neg_result}, {p} : f32")
 
@@ -206,7 +234,7 @@ def _cast(b, node, args, t):
     if t in FLOATS and dst in FLOATS:
         if t != "f32":
             x = b.op(f"arith.extf {x} : {t} to f32")
-        return b.op(f"arith.truncf {x} : f32 to {dst}") if dst != "f32" else x
+        return b.narrow(x, dst) if dst != "f32" else x
     if dst == "i1":
         zero = b.const(0, _T_DTYPE[t])
         cmp = "arith.cmpi ne" if t == "i32" else "arith.cmpf une"
@@ -217,7 +245,8 @@ def _cast(b, node, args, t):
         return b.op(f"arith.extui {x} : i1 to i32")
     conv = "arith.sitofp" if t == "i32" else "arith.uitofp"
     if dst == "bf16":
-        return b.op(f"arith.truncf {b.op(f'{conv} {x} : {t} to f32')} : f32 to bf16")
+        wide = b.op(f"{conv} {x} : {t} to f32")
+        return b.narrow(wide, "bf16")
     return b.op(f"{conv} {x} : {t} to {dst}")
 
 
@@ -252,8 +281,400 @@ def emit_scalar(b: Body, node: Node, args: list[str], in_dtype: str) -> str:
     if widen and in_dtype in HALVES:
         args = [b.op(f"arith.extf {a} : {ELEM[in_dtype]} to f32") for a in args]
         result = emitter(b, node, args, "f32")
-        return b.op(f"arith.truncf {result} : f32 to {ELEM[node.dtype]}")
+        return b.narrow(result, ELEM[node.dtype])
     return emitter(b, node, args, ELEM[in_dtype])
+
+
+# ---------------------------------------------------------------------------
+# Tensor level: one emitter per op (STYLE 5), each returning the node's value.
+
+
+class _Func:
+    """The body of one func.func being written: SSA names, map aliases, node values."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.lines: list[str] = []
+        self.maps: dict[str, str] = {}
+        self.values: dict[int, str] = {}
+        self._broadcasts: dict[int, tuple[str, str, list[int]]] = {}
+        self.squeezed: dict[int, tuple[str, str, list[int]]] = {}  # keepdims reduce -> unexpanded
+        self._count = 0
+        users, outputs = graph.users(), set(graph.outputs)
+        self.inlined = {
+            n.id
+            for n in graph.nodes
+            if n.op in SCALAR
+            and n.id not in outputs
+            and len(set(users[n.id])) == 1
+            and graph.node(users[n.id][0]).op in SCALAR
+        }
+
+    # -- text helpers ---------------------------------------------------
+    def fresh(self) -> str:
+        self._count += 1
+        return f"%{self._count - 1}"
+
+    def emit(self, text: str) -> str:
+        name = self.fresh()
+        self.lines.append(f"{name} = {text}")
+        return name
+
+    def alias(self, amap: str) -> str:
+        if amap not in self.maps:
+            self.maps[amap] = "#map" + (str(len(self.maps)) if self.maps else "")
+        return self.maps[amap]
+
+    def fill(self, value: str, elem: str, shape) -> str:
+        cst = self.emit(f"arith.constant {value} : {elem}")
+        t = ttype(shape, elem)
+        return self.emit(
+            f"linalg.fill ins({cst} : {elem}) outs({self.empty(shape, elem)} : {t}) -> {t}"
+        )
+
+    def empty(self, shape, elem: str) -> str:
+        return self.emit(f"tensor.empty() : {ttype(shape, elem)}")
+
+    def collapse(self, value: str, groups: str, src: str, dst: str) -> str:
+        return self.emit(f"tensor.collapse_shape {value} {groups} : {src} into {dst}")
+
+    def expand(self, value: str, groups: str, src: str, shape, elem: str) -> str:
+        dims = ", ".join(map(str, shape))
+        dst = ttype(shape, elem)
+        return self.emit(
+            f"tensor.expand_shape {value} {groups} output_shape [{dims}] : {src} into {dst}"
+        )
+
+    def generic(self, ins, out: tuple[str, str, str], iters: list[str], body_fn) -> str:
+        """``ins``/``out`` are (value, tensor type, affine map); body_fn(body, in_args, out_arg)."""
+        name = self.fresh()
+        maps = ", ".join(self.alias(m) for _, _, m in [*ins, out])
+        kinds = ", ".join(f'"{k}"' for k in iters)
+        head = f"{name} = linalg.generic {{indexing_maps = [{maps}], iterator_types = [{kinds}]}}"
+        if ins:
+            head += f" ins({', '.join(v for v, _, _ in ins)} : {', '.join(t for _, t, _ in ins)})"
+        head += f" outs({out[0]} : {out[1]}) {{"
+        in_args = [f"%in{k}" for k in range(len(ins))]
+        elems = [_elem_of(t) for _, t, _ in [*ins, out]]
+        params = ", ".join(f"{a}: {e}" for a, e in zip([*in_args, "%out"], elems, strict=True))
+        body = Body(self)
+        result = body_fn(body, in_args, "%out")
+        self.lines += [head, f"^bb0({params}):"]
+        self.lines += ["  " + line for line in body.lines]
+        self.lines += [f"  linalg.yield {result} : {elems[-1]}", f"}} -> {out[1]}"]
+        return name
+
+    def map_values(self, src: str, shape, in_elem: str, out_elem: str, fn) -> str:
+        """An elementwise generic over one tensor: fn(body, value) -> value."""
+        ident = affine(len(shape), [f"d{i}" for i in range(len(shape))])
+        out = (self.empty(shape, out_elem), ttype(shape, out_elem), ident)
+        return self.generic(
+            [(src, ttype(shape, in_elem), ident)],
+            out,
+            ["parallel"] * len(shape),
+            lambda b, ins, _: fn(b, ins[0]),
+        )
+
+    def round_to(self, src: str, shape, dtype: str) -> str:
+        """f32 accumulator -> f16/bf16 result (a no-op for other dtypes)."""
+        if dtype not in HALVES:
+            return src
+        elem = ELEM[dtype]
+        return self.map_values(src, shape, "f32", elem, lambda b, v: b.narrow(v, elem))
+
+    # -- node values ----------------------------------------------------
+    def tensor(self, nid: int) -> str:
+        """The tensor value of a node, materializing lazy consts and broadcasts."""
+        if nid not in self.values:
+            node = self.graph.node(nid)
+            if node.op == "const":
+                self.values[nid] = self.fill(
+                    literal(node.attr("value"), node.dtype), ELEM[node.dtype], node.shape
+                )
+            elif node.op == "broadcast":
+                self.values[nid] = _broadcast(self, node)
+            elif nid in self.squeezed:
+                value, t, kept = self.squeezed[nid]
+                groups = reassociation(node.type.rank, kept)
+                self.values[nid] = self.expand(value, groups, t, node.shape, ELEM[node.dtype])
+            else:
+                raise unsupported(node, "value used before it was lowered")
+        return self.values[nid]
+
+    def broadcast_source(self, node: Node) -> tuple[str, str, list[int]]:
+        """(value, type, output dims it spans): the input without its stretched unit dims."""
+        if node.id not in self._broadcasts:
+            src = self.graph.node(node.inputs[0])
+            offset = node.type.rank - src.type.rank
+            kept = [i for i, d in enumerate(src.shape) if d != 1 or node.shape[i + offset] == 1]
+            elem = ELEM[src.dtype]
+            if src.id in self.squeezed and self.squeezed[src.id][2] == kept:
+                value, t, _ = self.squeezed[src.id]
+                self._broadcasts[node.id] = (value, t, [i + offset for i in kept])
+                return self._broadcasts[node.id]
+            value, t = self.tensor(src.id), ttype(src.shape, elem)
+            if len(kept) < src.type.rank:
+                small = ttype([src.shape[i] for i in kept], elem)
+                value = self.collapse(value, reassociation(src.type.rank, kept), t, small)
+                t = small
+            self._broadcasts[node.id] = (value, t, [i + offset for i in kept])
+        return self._broadcasts[node.id]
+
+    def scalar_leaf(self, nid: int) -> Node | None:
+        """The const node a leaf reads, when it is a (broadcast) scalar constant."""
+        node = self.graph.node(nid)
+        if node.op == "broadcast":
+            node = self.graph.node(node.inputs[0])
+        return node if node.op == "const" else None
+
+
+def _elem_of(tensor_type: str) -> str:
+    return tensor_type[len("tensor<") : -1].rsplit("x", 1)[-1]
+
+
+def _elementwise(f: _Func, root: Node) -> str:
+    """One generic for ``root`` and every inlined elementwise node feeding it."""
+    g, rank = f.graph, root.type.rank
+    ident = affine(rank, [f"d{i}" for i in range(rank)])
+    operands: list[tuple[str, str, str]] = []
+    slot: dict[int, int] = {}  # leaf node id -> operand index
+
+    def collect(nid: int) -> None:
+        if nid == root.id or nid in f.inlined:
+            for i in g.node(nid).inputs:
+                collect(i)
+        elif nid not in slot and f.scalar_leaf(nid) is None:
+            node = g.node(nid)
+            if node.op == "broadcast":
+                value, t, dims = f.broadcast_source(node)
+                operand = (value, t, affine(rank, [f"d{d}" for d in dims]))
+            else:
+                operand = (f.tensor(nid), ttype(node.shape, ELEM[node.dtype]), ident)
+            if operand not in operands:
+                operands.append(operand)
+            slot[nid] = operands.index(operand)
+
+    collect(root.id)
+
+    def body_fn(b: Body, in_args: list[str], _out: str) -> str:
+        memo: dict[int, str] = {}
+
+        def value(nid: int) -> str:
+            if nid not in memo:
+                node, const = g.node(nid), f.scalar_leaf(nid)
+                if nid in slot:
+                    memo[nid] = in_args[slot[nid]]
+                elif const is not None and nid != root.id and nid not in f.inlined:
+                    memo[nid] = b.const(const.attr("value"), const.dtype)
+                else:
+                    args = [value(i) for i in node.inputs]
+                    memo[nid] = emit_scalar(b, node, args, g.node(node.inputs[-1]).dtype)
+            return memo[nid]
+
+        return value(root.id)
+
+    out = (f.empty(root.shape, ELEM[root.dtype]), ttype(root.shape, ELEM[root.dtype]), ident)
+    return f.generic(operands, out, ["parallel"] * rank, body_fn)
+
+
+_INIT = {  # (op, accumulator) -> identity literal
+    **{(op, acc): "0" for op in ("sum", "mean") for acc in ("i32", "i64")},
+    ("sum", "f32"): "0.0",
+    ("mean", "f32"): "0.0",
+    ("sum", "i1"): "false",
+    ("mean", "i1"): "false",
+    ("max", "f32"): _F32_SPECIAL["-inf"],
+    ("max", "i32"): str(-(2**31)),
+    ("max", "i1"): "false",
+    ("min", "f32"): _F32_SPECIAL["inf"],
+    ("min", "i32"): str(2**31 - 1),
+    ("min", "i1"): "true",
+}
+_COMBINE = {
+    "sum": {"f32": "arith.addf", "i32": "arith.addi", "i64": "arith.addi", "i1": "arith.ori"},
+    "max": {"f32": "arith.maximumf", "i32": "arith.maxsi", "i1": "arith.ori"},
+    "min": {"f32": "arith.minimumf", "i32": "arith.minsi", "i1": "arith.andi"},
+}
+
+
+def _reduce(f: _Func, node: Node) -> str:
+    x = f.graph.node(node.inputs[0])
+    axes, rank, dt = tuple(node.attr("axes")), x.type.rank, x.dtype
+    acc = "f32" if dt in FLOATS else ("i64" if dt == "i32" and node.op == "mean" else ELEM[dt])
+    kept = [i for i in range(rank) if i not in axes]
+    shape = [x.shape[i] for i in kept]
+    init = f.fill(_INIT[node.op, acc], acc, shape)
+    combine = _COMBINE["sum" if node.op == "mean" else node.op][acc]
+
+    def body_fn(b: Body, ins: list[str], out: str) -> str:
+        v = ins[0]
+        if dt in HALVES:
+            v = b.op(f"arith.extf {v} : {ELEM[dt]} to f32")
+        elif acc == "i64":
+            v = b.op(f"arith.extsi {v} : i32 to i64")
+        return b.op(f"{combine} {v}, {out} : {acc}")
+
+    ins = [(f.tensor(x.id), ttype(x.shape, ELEM[dt]), affine(rank, [f"d{i}" for i in range(rank)]))]
+    out = (init, ttype(shape, acc), affine(rank, [f"d{i}" for i in kept]))
+    iters = ["reduction" if i in axes else "parallel" for i in range(rank)]
+    value = f.generic(ins, out, iters, body_fn)
+    count = int(np.prod([x.shape[i] for i in axes]))
+    if node.op == "mean" and acc == "i64":
+
+        def finish(b, v):
+            q = b.ins("arith.divsi", v, b.op(f"arith.constant {count} : i64"), t="i64")
+            return b.op(f"arith.trunci {q} : i64 to i32")
+
+        value = f.map_values(value, shape, "i64", "i32", finish)
+    elif node.op == "mean" and acc == "f32":
+        value = f.map_values(
+            value, shape, "f32", "f32", lambda b, v: b.ins("arith.divf", v, b.const(count, "f32"))
+        )
+    value = f.round_to(value, shape, dt)
+    if node.attr("keepdims"):  # expanded on first use: a broadcast of it reads this directly
+        f.squeezed[node.id] = (value, ttype(shape, ELEM[dt]), kept)
+        return None
+    return value
+
+
+def _matmul(f: _Func, node: Node) -> str:
+    if node.dtype == "bool":
+        raise unsupported(node, "matmul needs a numeric dtype")
+    a, b = (f.graph.node(i) for i in node.inputs)
+    acc, elem, rank = ("f32" if node.dtype in FLOATS else "i32"), ELEM[node.dtype], node.type.rank
+    values = [f.tensor(a.id), f.tensor(b.id)]
+    shapes = [list(a.shape), list(b.shape)]
+    groups = "[[" + ", ".join(map(str, range(rank - 2))) + f"], [{rank - 2}], [{rank - 1}]]"
+    if rank > 3:  # fold the batch dims into one
+        for k in range(2):
+            flat = [int(np.prod(shapes[k][:-2]))] + shapes[k][-2:]
+            src = ttype(shapes[k], elem)
+            values[k], shapes[k] = f.collapse(values[k], groups, src, ttype(flat, elem)), flat
+    out_shape = shapes[0][:-1] + shapes[1][-1:]
+    init, tout = f.fill("0.0" if acc == "f32" else "0", acc, out_shape), ttype(out_shape, acc)
+    op = "linalg.matmul" if rank == 2 else "linalg.batch_matmul"
+    operands = f"{values[0]}, {values[1]} : {ttype(shapes[0], elem)}, {ttype(shapes[1], elem)}"
+    value = f.emit(f"{op} ins({operands}) outs({init} : {tout}) -> {tout}")
+    if rank > 3:
+        value = f.expand(value, groups, tout, node.shape, acc)
+    return f.round_to(value, node.shape, node.dtype)
+
+
+def _transpose(f: _Func, node: Node) -> str:
+    x, elem = f.graph.node(node.inputs[0]), ELEM[node.dtype]
+    perm = ", ".join(map(str, node.attr("perm")))
+    init = f.empty(node.shape, elem)
+    return f.emit(
+        f"linalg.transpose ins({f.tensor(x.id)} : {ttype(x.shape, elem)}) "
+        f"outs({init} : {ttype(node.shape, elem)}) permutation = [{perm}]"
+    )
+
+
+def _reshape(f: _Func, node: Node) -> str:
+    """Through a flat 1-D tensor: always valid, and IREE folds the pair."""
+    x, elem = f.graph.node(node.inputs[0]), ELEM[node.dtype]
+    value = f.tensor(x.id)
+    if x.shape == node.shape:
+        return value
+    flat = ttype([x.type.size], elem)
+    if x.type.rank == 0:
+        value = f.expand(value, "[]", ttype((), elem), [1], elem)
+    elif x.type.rank > 1:
+        value = f.collapse(value, reassociation(x.type.rank, [0]), ttype(x.shape, elem), flat)
+    if node.type.rank == 0:
+        value = f.collapse(value, "[]", flat, ttype((), elem))
+    elif node.type.rank > 1:
+        value = f.expand(value, reassociation(node.type.rank, [0]), flat, node.shape, elem)
+    return value
+
+
+def _broadcast(f: _Func, node: Node) -> str:
+    const = f.scalar_leaf(node.id)
+    elem = ELEM[node.dtype]
+    if const is not None:
+        return f.fill(literal(const.attr("value"), const.dtype), elem, node.shape)
+    value, t, dims = f.broadcast_source(node)
+    added = [d for d in range(node.type.rank) if d not in dims]
+    if not added:
+        return value
+    init = f.empty(node.shape, elem)
+    return f.emit(
+        f"linalg.broadcast ins({value} : {t}) outs({init} : {ttype(node.shape, elem)}) "
+        f"dimensions = [{', '.join(map(str, added))}]"
+    )
+
+
+def _conv2d(f: _Func, node: Node) -> str:
+    x, w = (f.graph.node(i) for i in node.inputs)
+    if node.dtype == "bool":
+        raise unsupported(node, "conv2d needs a numeric dtype")
+    elem, acc = ELEM[node.dtype], ("f32" if node.dtype in FLOATS else "i32")
+    (sh, sw), (ph, pw), (dh, dw) = (node.attr(k) for k in ("stride", "padding", "dilation"))
+    value, tx = f.tensor(x.id), ttype(x.shape, elem)
+    if ph or pw:
+        zero = f.emit(f"arith.constant {literal(0, node.dtype)} : {elem}")
+        n, h, wd, c = x.shape
+        padded = ttype((n, h + 2 * ph, wd + 2 * pw, c), elem)
+        name = f.fresh()
+        f.lines += [
+            f"{name} = tensor.pad {value} low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, 0] {{",
+            "^bb0(%i0: index, %i1: index, %i2: index, %i3: index):",
+            f"  tensor.yield {zero} : {elem}",
+            f"}} : {tx} to {padded}",
+        ]
+        value, tx = name, padded
+    init, tout = (
+        f.fill(literal(0, "f32" if acc == "f32" else "i32"), acc, node.shape),
+        ttype(node.shape, acc),
+    )
+    dilations, strides = (
+        f"dense<[{dh}, {dw}]> : tensor<2xi64>",
+        f"dense<[{sh}, {sw}]> : tensor<2xi64>",
+    )
+    attrs = f"{{dilations = {dilations}, strides = {strides}}}"
+    result = f.emit(
+        f"linalg.conv_2d_nhwc_hwcf {attrs} ins({value}, {f.tensor(w.id)} : {tx}, "
+        f"{ttype(w.shape, elem)}) outs({init} : {tout}) -> {tout}"
+    )
+    return f.round_to(result, node.shape, node.dtype)
+
+
+TENSOR: dict[str, Callable[[_Func, Node], str | None]] = {
+    **{op: _elementwise for op in SCALAR},
+    **{op: _reduce for op in ("sum", "max", "min", "mean")},
+    "matmul": _matmul,
+    "transpose": _transpose,
+    "reshape": _reshape,
+    "conv2d": _conv2d,
+}
+LAZY = ("arg", "const", "broadcast")  # values made on first use (or never, when folded)
+
+
+def to_mlir(graph: Graph) -> str:
+    """The graph as one ``func.func`` in MLIR text (see the module docstring)."""
+    f = _Func(graph)
+    for arg in graph.args:
+        f.values[arg.id] = f"%arg{arg.attr('index')}"
+    for node in graph.nodes:
+        if node.op in LAZY or node.id in f.inlined:
+            continue
+        emitter = TENSOR.get(node.op)
+        if emitter is None:
+            raise unsupported(node, "no MLIR lowering for this op")
+        value = emitter(f, node)
+        if value is not None:
+            f.values[node.id] = value
+    results = [f.tensor(i) for i in graph.outputs]
+    out_types = [ttype(n.shape, ELEM[n.dtype]) for n in graph.output_nodes]
+    params = ", ".join(
+        f"%arg{a.attr('index')}: {ttype(a.shape, ELEM[a.dtype])}" for a in graph.args
+    )
+    lines = [f"{alias} = {amap}" for amap, alias in f.maps.items()]
+    lines.append(f"func.func @{func_name(graph)}({params}) -> ({', '.join(out_types)}) {{")
+    lines += ["  " + line for line in f.lines]
+    lines.append(f"  return {', '.join(results)} : {', '.join(out_types)}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 def unsupported(node: Node, why: str) -> TargetError:

@@ -1,0 +1,363 @@
+"""The iree target: the traced graph as MLIR, compiled by IREE, run by its runtime.
+
+``prepare`` lowers the graph (``runners.iree_mlir``), compiles it for the
+chosen device and keeps the ``.vmfb`` under ``KILN_CACHE_DIR/iree/`` keyed
+by everything that decides its bytes, so a second prepare is a file read.
+``run`` calls it through the IREE runtime; ``time`` times only the invoke,
+with the inputs uploaded to the device once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time as _time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import TargetError
+from kiln.ir.graph import Graph
+from kiln.ir.interp import NUMPY_DTYPES
+from runners.base import KernelArtifacts, Runner, RunResult
+from runners.iree_mlir import func_name, to_mlir
+
+MISSING_EXTRA = "the iree target needs the optional 'iree' extra: pip install 'kiln[iree]'"
+# Host-tuned llvm-cpu flags (DESIGN "Facts measured": gemm 1024 30 ms -> 11 ms).
+HOST_FLAGS = (
+    "--iree-llvmcpu-target-cpu=host",
+    "--iree-opt-data-tiling",
+    "--iree-llvmcpu-enable-ukernels=all",
+)
+# device option -> (compiler target backend, runtime driver)
+DEVICES = {
+    "llvm-cpu": ("llvm-cpu", "local-task"),
+    "cuda": ("cuda", "cuda"),
+    "rocm": ("rocm", "hip"),
+}
+DIAGNOSTIC_LINES = 12
+
+
+@dataclass(frozen=True)
+class IreeOptions:
+    """The ``options:`` of an iree target in pipeline.yaml."""
+
+    device: str = "llvm-cpu"
+    flags: tuple[str, ...] = ()
+    cuda_target: str = "sm_80"  # IREE 3.13 refuses sm_90
+    rocm_target: str = "gfx942"
+    opt: bool = True
+    device_index: int | None = None
+
+    @staticmethod
+    def parse(values: dict[str, Any]) -> IreeOptions:
+        known = IreeOptions.__dataclass_fields__
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise TargetError(
+                f"unknown option {unknown[0]!r} for the iree runner",
+                expected="one of: " + ", ".join(known),
+                found=unknown[0],
+            )
+        values = dict(values)
+        if values.get("device", "llvm-cpu") not in DEVICES:
+            raise TargetError(
+                "unknown iree device",
+                expected="one of: " + ", ".join(DEVICES),
+                found=repr(values["device"]),
+            )
+        flags = values.get("flags", ())
+        if isinstance(flags, str) or not all(isinstance(f, str) for f in flags):
+            raise TargetError("iree option 'flags' must be a list of strings", found=repr(flags))
+        values["flags"] = tuple(flags)
+        return IreeOptions(**values)
+
+    def compiler_flags(self) -> list[str]:
+        """Every flag given to iree-compile, in order (part of the cache key)."""
+        if self.device == "cuda":
+            base = [f"--iree-cuda-target={self.cuda_target}"]
+        elif self.device == "rocm":
+            base = [f"--iree-rocm-target={self.rocm_target}"]
+        elif self.opt:
+            base = list(HOST_FLAGS)
+        elif not any(f.startswith("--iree-llvmcpu-target-cpu") for f in self.flags):
+            base = ["--iree-llvmcpu-target-cpu=generic"]  # portable, and no warning about it
+        else:
+            base = []
+        return base + list(self.flags)
+
+
+@dataclass
+class IreePrepared:
+    """A loaded module: what ``run`` and ``time`` call."""
+
+    graph: Graph
+    vmfb: Path
+    function: Any  # iree.runtime FunctionInvoker
+    device: Any  # iree.runtime HalDevice
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _iree():
+    try:
+        import iree.compiler as compiler  # noqa: PLC0415
+        import iree.runtime as runtime  # noqa: PLC0415
+    except ImportError as exc:
+        raise TargetError(MISSING_EXTRA) from exc
+    return compiler, runtime
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln") / "iree"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def dump_mlir(graph: Graph, path: str | os.PathLike) -> Path:
+    """Write the MLIR the iree target compiles for ``graph`` (atomically)."""
+    path = Path(path)
+    _atomic_write(path, to_mlir(graph).encode())
+    return path
+
+
+def _host_fingerprint(flags: list[str]) -> str:
+    """What ``=host`` resolves to: a vmfb tuned for one CPU must not be reused on another."""
+    if not any(f.endswith("=host") for f in flags):
+        return ""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags", "Features")):
+                cpu += line
+                if line.startswith(("flags", "Features")):
+                    break
+    except OSError:
+        pass
+    return platform.machine() + platform.processor() + cpu
+
+
+def cache_key(graph: Graph, options: IreeOptions, compiler_version: str) -> str:
+    flags = options.compiler_flags()
+    parts = {
+        "graph": graph.key,
+        "device": options.device,
+        "flags": flags,
+        "iree": compiler_version,
+        "host": _host_fingerprint(flags),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _compiler_version(compiler) -> str:
+    try:
+        from iree.compiler import version  # noqa: PLC0415
+
+        return str(getattr(version, "VERSION", "")) + str(getattr(version, "REVISIONS", ""))
+    except ImportError:
+        return getattr(compiler, "__version__", "unknown")
+
+
+def compile_graph(graph: Graph, options: IreeOptions) -> tuple[bytes, float]:
+    """(vmfb bytes, seconds): one iree-compile run; failures become a TargetError."""
+    compiler, _ = _iree()
+    backend = DEVICES[options.device][0]
+    text = to_mlir(graph)
+    start = _time.perf_counter()
+    try:
+        vmfb = compiler.compile_str(
+            text, target_backends=[backend], extra_args=options.compiler_flags()
+        )
+    except compiler.CompilerToolError as exc:
+        raise TargetError(
+            f"iree-compile failed for kernel {graph.name!r} ({options.device})",
+            notes=_diagnostics(str(exc)),
+            hint="look at the MLIR Kiln generated: kiln compile ... --dump-mlir FILE "
+            "(or runners.iree.dump_mlir(graph, FILE)) and run iree-compile on it",
+        ) from exc
+    return vmfb, _time.perf_counter() - start
+
+
+def _diagnostics(text: str) -> list[str]:
+    lines = text.splitlines()
+    if "Diagnostics:" in lines:
+        lines = lines[lines.index("Diagnostics:") + 1 :]
+    lines = [line for line in lines if line.strip()]
+    return lines[:DIAGNOSTIC_LINES]
+
+
+_DEVICES: dict[tuple[str, int | None], Any] = {}
+
+
+def _device(runtime, driver: str, index: int | None):
+    """A HAL device, shared by every module in the process (creating one is not free)."""
+    key = (driver, index)
+    if key not in _DEVICES:
+        try:
+            if index is None:
+                _DEVICES[key] = runtime.get_device(driver)
+            else:
+                drv = runtime.get_driver(driver)
+                found = drv.query_available_devices()
+                if not 0 <= index < len(found):
+                    raise TargetError(
+                        f"no {driver} device {index}",
+                        expected=f"an index below {len(found)}",
+                        found=str(index),
+                    )
+                _DEVICES[key] = drv.create_device(found[index])
+        except TargetError:
+            raise
+        except Exception as exc:  # the runtime raises ValueError/RuntimeError here
+            raise TargetError(f"iree runtime has no usable {driver!r} device: {exc}") from exc
+    return _DEVICES[key]
+
+
+class IreeRunner(Runner):
+    """Runs a kernel's graph through IREE (llvm-cpu by default; cuda/rocm where present)."""
+
+    kind = "iree"
+
+    @property
+    def config(self) -> IreeOptions:
+        """The options, parsed now: callers may set ``options['device_index']`` after init."""
+        return IreeOptions.parse(self.options)
+
+    def unavailable(self) -> str | None:
+        try:
+            _, runtime = _iree()
+            config = self.config
+        except TargetError as err:
+            return (
+                err.message if err.message == MISSING_EXTRA else None
+            )  # bad options: prepare says
+        try:
+            _device(runtime, DEVICES[config.device][1], config.device_index)
+        except TargetError as err:
+            return err.message
+        return None
+
+    def prepare(self, artifacts: KernelArtifacts) -> IreePrepared:
+        compiler, runtime = _iree()
+        graph, config = artifacts.graph, self.config
+        key = cache_key(graph, config, _compiler_version(compiler))
+        path = cache_dir() / f"{key}.vmfb"
+        metrics: dict[str, Any] = {"device": config.device, "vmfb": str(path)}
+        try:
+            vmfb = path.read_bytes()
+            metrics.update(cache="hit", compile_s=0.0)
+        except OSError:
+            vmfb, seconds = compile_graph(graph, config)
+            _atomic_write(path, vmfb)
+            metrics.update(cache="miss", compile_s=seconds)
+        device = _device(runtime, DEVICES[config.device][1], config.device_index)
+        config = runtime.Config(device=device)
+        context = runtime.SystemContext(config=config)
+        module = runtime.VmModule.copy_buffer(config.vm_instance, vmfb)
+        context.add_vm_module(module)
+        function = context.modules[module.name][func_name(graph)]
+        return IreePrepared(graph, path, function, device, metrics)
+
+    def run(self, prepared: IreePrepared, inputs: list[np.ndarray]) -> RunResult:
+        start = _time.perf_counter()
+        arrays = self._check_inputs(prepared.graph, inputs)
+        invoke_start = _time.perf_counter()
+        results = self._invoke(prepared, arrays)
+        invoke_s = _time.perf_counter() - invoke_start
+        outputs = [
+            _to_numpy(r, node.dtype)
+            for r, node in zip(results, prepared.graph.output_nodes, strict=True)
+        ]
+        metrics = dict(prepared.metrics)
+        metrics.update(wall_s=_time.perf_counter() - start, invoke_s=invoke_s)
+        return RunResult(outputs, metrics)
+
+    def time(
+        self, prepared: IreePrepared, inputs: list[np.ndarray], iters: int = 10, warmup: int = 2
+    ) -> list[float]:
+        """Seconds per call, invoke only: inputs go to the device once, outputs stay there."""
+        _, runtime = _iree()
+        arrays = self._check_inputs(prepared.graph, inputs)
+        device_inputs = [runtime.asdevicearray(prepared.device, a) for a in arrays]
+        for _ in range(warmup):
+            self._invoke(prepared, device_inputs)
+        times = []
+        for _ in range(iters):
+            start = _time.perf_counter()
+            self._invoke(prepared, device_inputs)
+            times.append(_time.perf_counter() - start)
+        return times
+
+    # -- helpers ----------------------------------------------------------
+    @staticmethod
+    def _check_inputs(graph: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        args = graph.args
+        if len(inputs) != len(args):
+            raise TargetError(f"kernel {graph.name!r} takes {len(args)} inputs, got {len(inputs)}")
+        arrays = []
+        for node, value in zip(args, inputs, strict=True):
+            array = np.asarray(value, dtype=NUMPY_DTYPES[node.dtype], order="C")
+            if array.shape != node.shape:
+                raise TargetError(
+                    f"input {node.attr('name')!r} of kernel {graph.name!r} has the wrong shape",
+                    expected=str(node.shape),
+                    found=str(array.shape),
+                )
+            arrays.append(array)
+        return arrays
+
+    @staticmethod
+    def _invoke(prepared: IreePrepared, arrays: list) -> list:
+        if not _runtime_has_bf16():
+            arrays = [_bf16_bits(prepared.device, a) for a in arrays]
+        try:
+            result = prepared.function(*arrays)
+        except Exception as exc:  # runtime errors arrive as ValueError/RuntimeError
+            raise TargetError(f"iree runtime failed on {prepared.graph.name!r}: {exc}") from exc
+        return list(result) if isinstance(result, tuple) else [result]
+
+
+def _to_numpy(result, dtype: str) -> np.ndarray:
+    """A host copy with the graph's dtype (bf16 arrives as bf16, or as uint16 bits)."""
+    array = np.asarray(result.to_host() if hasattr(result, "to_host") else result)
+    want = NUMPY_DTYPES[dtype]
+    if array.dtype != want and array.dtype.itemsize == want.itemsize:
+        array = array.view(want)
+    return np.array(array, dtype=want, copy=True)
+
+
+def _runtime_has_bf16() -> bool:
+    try:
+        from iree.runtime.array_interop import map_dtype_to_element_type  # noqa: PLC0415
+
+        return map_dtype_to_element_type(NUMPY_DTYPES["bf16"]) is not None
+    except (ImportError, KeyError, TypeError):
+        return False
+
+
+def _bf16_bits(device, array):
+    """Older runtimes lack bf16: hand over the uint16 bits as a bf16 buffer view."""
+    if not isinstance(array, np.ndarray) or array.dtype != NUMPY_DTYPES["bf16"]:
+        return array
+    _, runtime = _iree()
+    return device.allocator.allocate_buffer_copy(
+        memory_type=runtime.MemoryType.DEVICE_LOCAL,
+        allowed_usage=runtime.BufferUsage.DEFAULT,
+        device=device,
+        buffer=array.view(np.uint16),
+        element_type=runtime.HalElementType.BFLOAT_16,
+    )

@@ -1,0 +1,389 @@
+"""The iree target against the numpy oracle, on hand-built graphs (llvm-cpu).
+
+Graphs are small and several checks share one graph (one output each), so
+the suite compiles about twenty modules; the compile cache lives in a
+temporary KILN_CACHE_DIR shared by the module.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kiln.errors import TargetError
+from kiln.ir.graph import Graph, Node, TensorType, make_attrs
+from kiln.ir.interp import NUMPY_DTYPES, run_graph
+from kiln.ir.ops import broadcast_shapes, infer
+from runners.base import KernelArtifacts, load_runner_class
+
+TOLERANCE = {  # dtype -> (rtol, atol)
+    "f32": (1e-4, 1e-5),
+    "f16": (1e-2, 1e-2),
+    "bf16": (5e-2, 5e-2),
+    "i32": (0, 0),
+    "bool": (0, 0),
+}
+MATMUL_F32 = (1e-4, 1e-4)  # K up to 256
+
+
+class GraphBuilder:
+    """Hand-made graphs in the tracer's form: broadcasts and scalars are explicit nodes."""
+
+    def __init__(self, name: str = "k"):
+        self.name, self.nodes = name, []
+
+    def _add(self, op, inputs, type_, **attrs) -> int:
+        self.nodes.append(Node(len(self.nodes), op, tuple(inputs), type_, make_attrs(**attrs)))
+        return len(self.nodes) - 1
+
+    def type(self, i: int) -> TensorType:
+        return self.nodes[i].type
+
+    def arg(self, shape, dtype="f32") -> int:
+        index = sum(n.op == "arg" for n in self.nodes)
+        return self._add("arg", (), TensorType(tuple(shape), dtype), name=f"x{index}", index=index)
+
+    def const(self, value, dtype="f32") -> int:
+        return self._add("const", (), TensorType((), dtype), value=value)
+
+    def op(self, op, *inputs, **attrs) -> int:
+        t = infer(op, [self.type(i) for i in inputs], dict(make_attrs(**attrs)))
+        return self._add(op, inputs, t, **attrs)
+
+    def __getattr__(self, op):  # b.exp(x), b.sum(x, axes=(1,)), b.matmul(a, b)
+        if op.startswith("_"):
+            raise AttributeError(op)
+        return lambda *inputs, **attrs: self.op(op, *inputs, **attrs)
+
+    def bcast(self, x: int, shape) -> int:
+        shape = tuple(shape)
+        return x if self.type(x).shape == shape else self.op("broadcast", x, shape=shape)
+
+    def ew(self, op, *xs) -> int:
+        """An elementwise op with numpy broadcasting; Python numbers become consts."""
+        dtype = next(self.type(x).dtype for x in xs if isinstance(x, int) and x >= 0)
+        ids = [x if isinstance(x, int) and x >= 0 else self.const(x.value, dtype) for x in xs]
+        shape = broadcast_shapes(*[self.type(i).shape for i in ids])
+        return self.op(op, *[self.bcast(i, shape) for i in ids])
+
+    def graph(self, *outputs: int) -> Graph:
+        g = Graph(self.name, tuple(self.nodes), tuple(outputs))
+        g.verify()
+        return g
+
+
+class S:
+    """A scalar operand for GraphBuilder.ew (ints are node ids there)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def random_inputs(graph: Graph, seed: int = 0, positive: bool = False) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for arg in graph.args:
+        if arg.dtype == "i32":
+            arrays.append(rng.integers(-20, 20, arg.shape).astype(np.int32))
+        elif arg.dtype == "bool":
+            arrays.append(rng.random(arg.shape) < 0.5)
+        else:
+            x = rng.standard_normal(arg.shape)
+            x = np.abs(x) + 0.1 if positive else x
+            arrays.append(x.astype(NUMPY_DTYPES[arg.dtype]))
+    return arrays
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    pytest.importorskip("iree.compiler", reason="the iree target needs the 'iree' extra")
+    pytest.importorskip("iree.runtime", reason="the iree target needs the 'iree' extra")
+    from runners.iree import IreeRunner
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KILN_CACHE_DIR", str(tmp_path_factory.mktemp("kiln-cache")))
+        yield IreeRunner()
+
+
+def check(runner, graph: Graph, inputs=None, tolerance=None, **input_kw):
+    """Run on IREE and on the oracle; every output must agree within its dtype's tolerance."""
+    inputs = inputs if inputs is not None else random_inputs(graph, **input_kw)
+    result = runner.run(runner.prepare(KernelArtifacts(graph.name, graph, Path("."))), inputs)
+    expected = run_graph(graph, inputs)
+    assert len(result.outputs) == len(expected)
+    for k, (got, want, node) in enumerate(
+        zip(result.outputs, expected, graph.output_nodes, strict=True)
+    ):
+        assert got.dtype == want.dtype and got.shape == node.shape, f"output {k}"
+        want = want.reshape(node.shape)  # the oracle returns shape-() results as shape (1,)
+        rtol, atol = (tolerance or {}).get(node.dtype, TOLERANCE[node.dtype])
+        np.testing.assert_allclose(
+            got.astype(np.float64),
+            want.astype(np.float64),
+            rtol=rtol,
+            atol=atol,
+            err_msg=f"{graph.name}: output {k} ({node.op})",
+        )
+    return result
+
+
+# ---------------------------------------------------------------------------
+
+
+def test_vector_add_matches_oracle(runner):
+    b = GraphBuilder("vector_add")
+    x, y = b.arg((1000,)), b.arg((1000,))
+    check(runner, b.graph(b.add(x, y)))
+
+
+def test_gemm_and_batched_matmul_match_oracle(runner):
+    b = GraphBuilder("matmuls")
+    a, w = b.arg((32, 256)), b.arg((256, 48))
+    p, q = b.arg((3, 8, 16)), b.arg((3, 16, 8))
+    r, s = b.arg((2, 2, 4, 8)), b.arg((2, 2, 8, 4))
+    check(
+        runner,
+        b.graph(b.matmul(a, w), b.matmul(p, q), b.matmul(r, s)),
+        tolerance={"f32": MATMUL_F32},
+    )
+
+
+def test_gemm_bias_relu_matches_oracle(runner):
+    b = GraphBuilder("gemm_bias_relu")
+    a, w, bias = b.arg((16, 32)), b.arg((32, 24)), b.arg((24,))
+    check(runner, b.graph(b.relu(b.ew("add", b.matmul(a, w), bias))), tolerance={"f32": MATMUL_F32})
+
+
+def _softmax(b, x, axis=1):
+    m = b.max(x, axes=(axis,), keepdims=True)
+    e = b.exp(b.ew("sub", x, m))
+    return b.ew("div", e, b.sum(e, axes=(axis,), keepdims=True))
+
+
+def _layernorm(b, x, gamma, beta, eps=1e-5):
+    mu = b.mean(x, axes=(1,), keepdims=True)
+    d = b.ew("sub", x, mu)
+    var = b.mean(b.mul(d, d), axes=(1,), keepdims=True)
+    inv = b.rsqrt(b.ew("add", var, S(eps)))
+    return b.ew("add", b.ew("mul", b.ew("mul", d, inv), gamma), beta)
+
+
+def test_softmax_and_layernorm_match_oracle(runner):
+    b = GraphBuilder("norms")
+    x, gamma, beta = b.arg((8, 64)), b.arg((64,)), b.arg((64,))
+    check(runner, b.graph(_softmax(b, x), _layernorm(b, x, gamma, beta)))
+
+
+def test_transpose_and_reshape_match_oracle(runner):
+    b = GraphBuilder("layout")
+    x, s = b.arg((4, 6, 8)), b.arg(())
+    t = b.transpose(x, perm=(2, 0, 1))
+    r = b.reshape(t, shape=(8, 24))
+    out = b.reshape(b.reshape(s, shape=(1, 1)), shape=())
+    check(runner, b.graph(t, r, b.transpose(r, perm=(1, 0)), out))
+
+
+def test_reductions_match_oracle(runner):
+    b = GraphBuilder("reductions")
+    x = b.arg((6, 5, 7))
+    outs = [
+        b.sum(x, axes=(2,)),
+        b.max(x, axes=(2,)),
+        b.min(x, axes=(0, 2)),
+        b.sum(x, axes=(0, 1, 2)),
+        b.mean(x, axes=(1,), keepdims=True),
+        b.mean(x, axes=(0, 2), keepdims=True),
+        b.max(x, axes=(0, 1, 2), keepdims=True),
+    ]
+    check(runner, b.graph(*outs))
+
+
+def test_where_and_compares_match_oracle(runner):
+    b = GraphBuilder("select")
+    x, y, flag = b.arg((5, 6)), b.arg((5, 6)), b.arg((5, 6), "bool")
+    gt = b.gt(x, y)
+    picked = b.where(gt, x, b.ew("mul", y, S(2.0)))
+    outs = [picked, b.where(flag, x, y), b.eq(x, x), b.ne(x, y), b.le(x, y), gt]
+    check(runner, b.graph(*outs))
+
+
+def test_casts_round_like_numpy(runner):
+    b = GraphBuilder("casts")
+    x, i = b.arg((4, 33)), b.arg((4, 33), "i32")
+    h = b.cast(x, dtype="f16")
+    outs = [
+        b.cast(h, dtype="f32"),
+        b.cast(b.cast(x, dtype="bf16"), dtype="f32"),
+        b.cast(b.ew("mul", x, S(7.0)), dtype="i32"),
+        b.cast(i, dtype="f32"),
+        b.cast(i, dtype="bool"),
+        b.cast(b.cast(x, dtype="bool"), dtype="i32"),
+        b.cast(h, dtype="bf16"),
+    ]
+    check(runner, b.graph(*outs))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_half_precision_chain_matches_oracle(runner, dtype):
+    b = GraphBuilder(f"chain_{dtype}")
+    x, y = b.arg((16, 40), dtype), b.arg((40,), dtype)
+    z = b.tanh(b.ew("add", b.ew("mul", x, y), S(0.5)))
+    outs = [b.exp(b.ew("sub", z, x)), b.sum(z, axes=(1,)), b.matmul(x, b.reshape(y, shape=(40, 1)))]
+    check(runner, b.graph(*outs))
+
+
+def test_i32_arithmetic_is_exact(runner):
+    b = GraphBuilder("ints")
+    x, y = b.arg((8, 9), "i32"), b.arg((8, 9), "i32")
+    small = b.ew("minimum", b.abs(y), S(5))
+    outs = [
+        b.add(x, y),
+        b.mul(x, y),
+        b.ew("div", x, b.ew("add", b.abs(y), S(1))),
+        b.pow(x, small),
+        b.neg(b.maximum(x, y)),
+        b.relu(x),
+        b.sum(x, axes=(1,)),
+        b.mean(x, axes=(0,), keepdims=True),
+        b.max(x, axes=(0, 1)),
+    ]
+    check(runner, b.graph(*outs))
+
+
+def test_transcendentals_match_oracle(runner):
+    b = GraphBuilder("unary")
+    x, p = b.arg((7, 33)), b.arg((7, 33))
+    outs = [b.gelu(x), b.sigmoid(x), b.tanh(x), b.exp(x), b.neg(x), b.abs(x)]
+    outs += [b.rsqrt(b.abs(p)), b.sqrt(b.abs(p)), b.log(b.abs(p)), b.ew("pow", b.abs(p), x)]
+    check(runner, b.graph(*outs))
+
+
+def test_pow_of_negative_base_follows_numpy(runner):
+    b = GraphBuilder("pow")
+    x, e = b.arg((8,)), b.arg((8,))
+    inputs = [
+        np.array([-2, -2, -2, 2, 0, -1.5, 3, -0.5], np.float32),
+        np.array([3, 2, 0.5, 0.5, 2, 4, -1, -3], np.float32),
+    ]
+    check(runner, b.graph(b.pow(x, e)), inputs)
+
+
+def test_conv2d_matches_oracle(runner):
+    b = GraphBuilder("conv")
+    x, w, w2 = b.arg((2, 9, 9, 3)), b.arg((3, 3, 3, 4)), b.arg((2, 2, 3, 5))
+    outs = [
+        b.conv2d(x, w, stride=(2, 2), padding=(1, 1), dilation=(1, 1)),
+        b.conv2d(x, w2, stride=(1, 2), padding=(0, 1), dilation=(2, 1)),
+    ]
+    check(runner, b.graph(*outs))
+
+
+def test_materialized_broadcasts_and_constants(runner):
+    b = GraphBuilder("materialize")
+    x, v = b.arg((3, 4)), b.arg((4, 1))
+    two = b.const(2.0)
+    outs = [b.bcast(two, (2, 3)), b.bcast(v, (2, 4, 5)), two, x]
+    outs.append(b.matmul(x, b.bcast(b.const(1.0), (4, 2))))
+    check(runner, b.graph(*outs))
+
+
+# -- runner behaviour -------------------------------------------------------
+
+
+def _small_graph(name="small"):
+    b = GraphBuilder(name)
+    x = b.arg((4, 8))
+    return b.graph(b.sum(b.exp(x), axes=(1,)))
+
+
+def test_second_prepare_is_a_cache_hit(runner):
+    graph = _small_graph("cached")
+    artifacts = KernelArtifacts(graph.name, graph, Path("."))
+    first = runner.prepare(artifacts)
+    second = runner.prepare(artifacts)
+    assert first.metrics["cache"] == "miss" and first.metrics["compile_s"] > 0
+    assert second.metrics["cache"] == "hit" and second.metrics["compile_s"] == 0
+    assert first.vmfb == second.vmfb and second.vmfb.parent.name == "iree"
+    assert Path(os.environ["KILN_CACHE_DIR"]) in second.vmfb.parents
+    result = runner.run(second, random_inputs(graph))
+    assert result.metrics["cache"] == "hit" and result.metrics["wall_s"] > 0
+
+
+def test_flags_are_part_of_the_cache_key(runner):
+    from runners.iree import IreeRunner
+
+    graph = _small_graph("flags")
+    plain = IreeRunner({"opt": False}).prepare(KernelArtifacts("flags", graph, Path(".")))
+    tuned = runner.prepare(KernelArtifacts("flags", graph, Path(".")))
+    assert plain.vmfb != tuned.vmfb and tuned.metrics["cache"] == "miss"
+    check(IreeRunner({"opt": False}), graph)
+
+
+def test_time_returns_one_sample_per_iteration(runner):
+    graph = _small_graph("timed")
+    prepared = runner.prepare(KernelArtifacts("timed", graph, Path(".")))
+    samples = runner.time(prepared, random_inputs(graph), iters=4, warmup=1)
+    assert len(samples) == 4 and all(s > 0 for s in samples)
+
+
+def test_compile_failure_names_diagnostics_and_dump_hint(runner):
+    from runners.iree import IreeRunner
+
+    bad = IreeRunner({"flags": ["--iree-no-such-flag"]})
+    with pytest.raises(TargetError) as info:
+        bad.prepare(KernelArtifacts("bad", _small_graph("bad"), Path(".")))
+    text = info.value.render()
+    assert "iree-compile failed" in text and "no-such-flag" in text and "--dump-mlir" in text
+
+
+def test_wrong_input_shape_is_a_target_error(runner):
+    graph = _small_graph("shape")
+    prepared = runner.prepare(KernelArtifacts("shape", graph, Path(".")))
+    with pytest.raises(TargetError, match="wrong shape"):
+        runner.run(prepared, [np.zeros((8, 4), np.float32)])
+
+
+def test_unknown_option_lists_the_valid_ones():
+    from runners.iree import IreeRunner
+
+    with pytest.raises(TargetError) as info:
+        _ = IreeRunner({"devcie": "cuda"}).config
+    assert "devcie" in info.value.render() and "device" in info.value.expected
+
+
+def test_missing_iree_extra_says_how_to_install(monkeypatch):
+    from runners.iree import MISSING_EXTRA, IreeRunner
+
+    monkeypatch.setitem(sys.modules, "iree.compiler", None)
+    runner = IreeRunner()
+    assert runner.unavailable() == MISSING_EXTRA
+    with pytest.raises(TargetError, match=r"pip install 'kiln\[iree\]'"):
+        runner.prepare(KernelArtifacts("x", _small_graph(), Path(".")))
+
+
+def test_runner_is_found_by_name():
+    assert load_runner_class("iree").kind == "iree"
+
+
+def test_dump_mlir_writes_the_compiled_text(tmp_path):
+    from runners.iree import dump_mlir
+    from runners.iree_mlir import to_mlir
+
+    graph = _small_graph()
+    path = dump_mlir(graph, tmp_path / "k.mlir")
+    assert path.read_text() == to_mlir(graph)
+    assert [p.name for p in tmp_path.iterdir()] == ["k.mlir"]
+
+
+def test_bf16_outputs_come_back_as_bf16(runner):
+    b = GraphBuilder("bf16_io")
+    x = b.arg((3, 5), "bf16")
+    result = check(runner, b.graph(b.ew("mul", x, S(3.0))))
+    assert result.outputs[0].dtype == np.dtype(ml_dtypes.bfloat16)
+    assert math.isfinite(float(result.outputs[0].astype(np.float32).sum()))
