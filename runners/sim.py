@@ -1,0 +1,178 @@
+"""The sim target: the EDF binary, instruction by instruction, on simulated memory.
+
+The EDF is decoded (its checksum verified), its schedule re-checked, and
+every instruction executed in schedule order (start cycle, then id) on a
+DRAM and an SRAM byte array with the opcode semantics of
+``kiln.ir.lir_exec``. Two instructions that overlap in time and touch
+overlapping address ranges, at least one writing, are a race: the run
+fails naming both. So is any access outside the memories.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.errors import TargetError
+from kiln.ir.edf import EdfFile
+from kiln.ir.interp import NUMPY_DTYPES
+from kiln.ir.lir import Instr, ScheduledProgram, Slot
+from runners.base import KernelArtifacts, Runner, RunResult
+
+
+@dataclass(frozen=True)
+class Race:
+    first: Instr
+    second: Instr
+    first_slot: Slot
+    second_slot: Slot
+    space: str
+    start: int
+    end: int
+
+    def describe(self) -> str:
+        def who(i: Instr, s: Slot) -> str:
+            return f"instruction {i.id} `{i.text or i.opcode}` on {s.unit} [{s.start}, {s.end})"
+
+        return (
+            f"race on {self.space}[{self.start}:{self.end}]: {who(self.first, self.first_slot)}"
+            f" and {who(self.second, self.second_slot)} overlap in time and at least one "
+            "of them writes that range"
+        )
+
+
+def find_races(sp: ScheduledProgram, limit: int = 20) -> list[Race]:
+    """Pairs of instructions overlapping in time whose accesses conflict (a write involved).
+
+    A sweep over start times keeps only the instructions still running, so
+    the cost is the program size times the number of units.
+    """
+    instrs = sp.program.instrs
+    order = sorted(range(len(instrs)), key=lambda k: (sp.slots[k].start, k))
+    active: list[int] = []
+    races: list[Race] = []
+    for k in order:
+        slot = sp.slots[k]
+        active = [j for j in active if sp.slots[j].end > slot.start]
+        cur = instrs[k]
+        for j in active:
+            other = instrs[j]
+            hit = _conflict(other, cur)
+            if hit is not None:
+                races.append(Race(other, cur, sp.slots[j], slot, *hit))
+                if len(races) >= limit:
+                    return races
+        active.append(k)
+    return races
+
+
+def _conflict(a: Instr, b: Instr):
+    for wa in a.writes:
+        for rb in b.reads + b.writes:
+            if wa.overlaps(rb):
+                return wa.space, max(wa.addr, rb.addr), min(wa.end, rb.end)
+    for wb in b.writes:
+        for ra in a.reads:
+            if wb.overlaps(ra):
+                return wb.space, max(wb.addr, ra.addr), min(wb.end, ra.end)
+    return None
+
+
+def bounds_errors(sp: ScheduledProgram) -> list[str]:
+    """Accesses outside SRAM capacity or the DRAM footprint."""
+    program = sp.program
+    limits = {"sram": program.sram_bytes, "dram": program.dram_bytes}
+    errors = []
+    for ins in program.instrs:
+        for access in ins.reads + ins.writes:
+            limit = limits.get(access.space)
+            if limit is None or access.addr < 0 or access.end > limit:
+                errors.append(
+                    f"instruction {ins.id} `{ins.text or ins.opcode}` touches "
+                    f"{access.space}[{access.addr}:{access.end}], outside "
+                    f"[0:{limit}]"
+                )
+    return errors
+
+
+class SimRunner(Runner):
+    kind = "sim"
+
+    def prepare(self, artifacts: KernelArtifacts) -> EdfFile:
+        from kiln.inspect_edf import load_edf
+
+        if artifacts.edf is None:
+            raise TargetError(
+                f"{artifacts.name}: the sim target runs EDF binaries, and this pipeline has no "
+                "edf stage",
+                hint="end `stages:` with {name: edf, module: stages.edf}",
+            )
+        edf = load_edf(artifacts.edf)  # ArtifactError on a bad checksum or a truncated file
+        self.check(edf.scheduled, str(artifacts.edf))
+        return edf
+
+    def check(self, sp: ScheduledProgram, where: str) -> None:
+        from kiln.ir.schedule_check import check_schedule
+
+        problems = [v.describe(sp.program) for v in check_schedule(sp)]
+        problems += [r.describe() for r in find_races(sp)]
+        problems += bounds_errors(sp)
+        if problems:
+            raise TargetError(
+                f"{where}: the simulator refuses this binary: {problems[0]}",
+                notes=problems[1:10]
+                + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else []),
+            )
+
+    def run(self, prepared: EdfFile, inputs: list[np.ndarray]) -> RunResult:
+        from kiln.ir.lir_exec import execute
+
+        sp = prepared.scheduled
+        program = sp.program
+        dram = np.zeros(program.dram_bytes, dtype=np.uint8)
+        sram = np.zeros(program.sram_bytes, dtype=np.uint8)
+        in_slots = [a for a in program.args if a.role == "input"]
+        if len(inputs) != len(in_slots):
+            raise TargetError(
+                f"{program.kernel}: expects {len(in_slots)} inputs, got {len(inputs)}"
+            )
+        for slot, array in zip(in_slots, inputs, strict=True):
+            data = np.ascontiguousarray(np.asarray(array, dtype=NUMPY_DTYPES[slot.dtype]))
+            if data.shape != tuple(slot.shape):
+                raise TargetError(
+                    f"{program.kernel}: input {slot.name} has shape "
+                    f"{list(data.shape)}, the binary expects {list(slot.shape)}"
+                )
+            dram[slot.dram_offset : slot.dram_offset + slot.nbytes] = data.view(np.uint8).ravel()
+        order = sorted(range(len(program.instrs)), key=lambda k: (sp.slots[k].start, k))
+        start = time.perf_counter()
+        for k in order:
+            execute(program.instrs[k], dram, sram)
+        elapsed = time.perf_counter() - start
+        outputs = []
+        for slot in program.args:
+            if slot.role != "output":
+                continue
+            raw = dram[slot.dram_offset : slot.dram_offset + slot.nbytes]
+            outputs.append(raw.view(NUMPY_DTYPES[slot.dtype]).reshape(slot.shape).copy())
+        return RunResult(outputs, self.metrics(sp, elapsed))
+
+    def metrics(self, sp: ScheduledProgram, elapsed: float) -> dict:
+        clock = float((self.machine or {}).get("clock_mhz", 1000))
+        makespan = sp.makespan
+        busy: dict[str, int] = {}
+        for ins, slot in zip(sp.program.instrs, sp.slots, strict=True):
+            busy[slot.unit] = busy.get(slot.unit, 0) + ins.latency
+        n = len(sp.program.instrs)
+        metrics = {
+            "cycles": makespan,
+            "microseconds": makespan / clock,
+            "instructions": n,
+            "sim_seconds": elapsed,
+            "sim_instructions_per_second": n / elapsed if elapsed > 0 else float("inf"),
+        }
+        for unit in sorted(busy):
+            metrics[f"utilization.{unit}"] = round(busy[unit] / makespan, 4) if makespan else 0.0
+        return metrics
