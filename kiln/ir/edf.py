@@ -18,13 +18,13 @@ check failed, what it expected and found, and at which byte.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import json
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -106,7 +106,7 @@ def canonical_json(obj: Any) -> str:
     )
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class EdfFile:
     """A decoded EDF: the scheduled program and its metadata (canonical JSON text)."""
 
@@ -138,7 +138,7 @@ class EdfFile:
         return EdfFile(self.scheduled, canonical_json(meta))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Section:
     """One entry of the section table, as read from a file."""
 
@@ -149,7 +149,7 @@ class Section:
     digest: bytes  # sha256(section)[:16]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Layout:
     """The checked header and section table of a file."""
 
@@ -359,47 +359,58 @@ def decode(raw: bytes, path_hint: str = "<bytes>") -> EdfFile:
 def _decode(raw: bytes, path_hint: str) -> EdfFile:
     layout = read_layout(raw, path_hint)
 
-    def body(type_id: int) -> tuple[bytes, Section]:
-        s = layout.section(type_id)
-        return raw[s.offset : s.offset + s.size], s
+    def parse(type_id: int, parser):
+        sec = layout.section(type_id)
+        try:
+            return parser(raw[sec.offset : sec.offset + sec.size])
+        except Exception as exc:  # malformed content behind a valid checksum
+            raise EdfFormatError(
+                "section-content",
+                f"section {sec.name} cannot be decoded: {type(exc).__name__}: {exc}",
+                offset=sec.offset,
+                path=path_hint,
+            ) from None
 
-    current = None
-    try:
-        data, current = body(SIGNATURE)
-        sig = _unpack(data)
-        data, current = body(INSTRUCTIONS)
-        instrs = tuple(instr_from_obj(i) for i in _unpack(data))
-        program = Program(
-            kernel=sig["kernel"],
-            machine=sig["machine"],
-            units=tuple((str(k), int(c)) for k, c in sig["units"]),
-            args=tuple(
-                ArgSlot(name, role, tuple(int(d) for d in shape), dtype, int(off), int(nb))
-                for name, role, dtype, shape, off, nb in sig["args"]
-            ),
-            instrs=instrs,
-            sram_bytes=int(sig["sram_bytes"]),
-            sram_peak=int(sig["sram_peak"]),
-            dram_bytes=int(sig["dram_bytes"]),
-        )
-        data, current = body(SCHEDULE)
-        slots, policy = _decode_schedule(data)
-        if len(slots) != len(instrs):
-            raise ValueError(f"{len(slots)} slots for {len(instrs)} instructions")
-        data, current = body(METADATA)
-        meta = json.loads(data.decode("ascii"))
-        if not isinstance(meta, dict):
-            raise ValueError("metadata is not a JSON object")
-    except EdfFormatError:
-        raise
-    except Exception as exc:  # malformed content behind a valid checksum
+    program = parse(SIGNATURE, _decode_signature)
+    instrs = parse(INSTRUCTIONS, lambda data: tuple(instr_from_obj(i) for i in _unpack(data)))
+    slots, policy = parse(SCHEDULE, _decode_schedule)
+    if len(slots) != len(instrs):
+        sec = layout.section(SCHEDULE)
         raise EdfFormatError(
             "section-content",
-            f"section {current.name} cannot be decoded: {exc}",
-            offset=current.offset,
+            "the schedule and the instruction list differ in length",
+            expected=f"{len(instrs)} slots",
+            found=f"{len(slots)} slots",
+            offset=sec.offset,
             path=path_hint,
-        ) from None
+        )
+    meta = parse(METADATA, _decode_metadata)
+    program = dataclasses.replace(program, instrs=instrs)
     return EdfFile(ScheduledProgram(program, slots, policy), canonical_json(meta))
+
+
+def _decode_signature(data: bytes) -> Program:
+    sig = _unpack(data)
+    return Program(
+        kernel=sig["kernel"],
+        machine=sig["machine"],
+        units=tuple((str(k), int(c)) for k, c in sig["units"]),
+        args=tuple(
+            ArgSlot(name, role, tuple(int(d) for d in shape), dtype, int(off), int(nb))
+            for name, role, dtype, shape, off, nb in sig["args"]
+        ),
+        instrs=(),
+        sram_bytes=int(sig["sram_bytes"]),
+        sram_peak=int(sig["sram_peak"]),
+        dram_bytes=int(sig["dram_bytes"]),
+    )
+
+
+def _decode_metadata(data: bytes) -> dict:
+    meta = json.loads(data.decode("ascii"))
+    if not isinstance(meta, dict):
+        raise ValueError("metadata is not a JSON object")
+    return meta
 
 
 def _unpack(data: bytes) -> Any:

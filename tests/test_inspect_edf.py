@@ -1,0 +1,75 @@
+"""`kiln inspect FILE.edf`: the listing, and a clear error for any damaged file."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.errors import ArtifactError
+from kiln.inspect_edf import load_edf, render
+from kiln.ir.edf import read_layout
+from kiln.ir.schedule_check import random_program
+from stages import edf, schedule
+
+MACHINE = {"name": "npu-v1", "clock_mhz": 1000, "units": {"dma": 2, "tensor": 1, "vector": 2}}
+
+
+@pytest.fixture
+def edf_path(tmp_path):
+    sp = schedule.run(random_program(8, n=25), schedule.Options(), MACHINE)
+    path = tmp_path / "kernel.edf"
+    path.write_bytes(edf.serialize(edf.run(sp, edf.Options(), MACHINE)))
+    return path
+
+
+def test_render_shows_header_sections_signature_metadata_and_listing(edf_path):
+    raw = edf_path.read_bytes()
+    text = render(edf_path)
+    assert text.startswith(f"EDF file {edf_path}\n")
+    assert "  magic        KEDF" in text and "  version      1" in text
+    assert f"  total size   {len(raw)} bytes" in text
+    assert f"sha256 {raw[-32:].hex()} OK" in text
+    for s in read_layout(raw).sections:
+        assert any(
+            line.split()[:4] == [str(s.type), s.name, str(s.offset), str(s.size)]
+            for line in text.splitlines()
+        )
+    assert "  out   output  f32    64x64        16640   16384" in text
+    assert '"program_sha256"' in text and '"policy": "critical-path"' in text
+    e = load_edf(edf_path)
+    for i, s in zip(e.scheduled.program.instrs, e.scheduled.slots, strict=True):
+        assert any(
+            line.split()[:3] == [str(i.id), f"{s.start}-{s.end}", s.unit] and line.endswith(i.text)
+            for line in text.splitlines()
+        )
+    assert render(edf_path) == text
+
+
+@pytest.mark.parametrize(
+    "damage, check",
+    [
+        (lambda raw: raw[: len(raw) - 100], "size"),
+        (lambda raw: raw[:20], "size"),
+        (lambda raw: b"\x7fELF" + raw[4:], "magic"),
+        (lambda raw: raw[:300] + bytes([raw[300] ^ 1]) + raw[301:], "section-checksum"),
+        (lambda raw: raw[:-1] + bytes([raw[-1] ^ 0x80]), "trailer-checksum"),
+        (lambda raw: raw[:4] + b"\x02" + raw[5:], "version"),
+    ],
+)
+def test_damaged_file_is_an_artifact_error_naming_file_and_check(edf_path, damage, check):
+    edf_path.write_bytes(damage(edf_path.read_bytes()))
+    with pytest.raises(ArtifactError) as err:
+        render(edf_path)
+    text = err.value.render()
+    assert text.startswith(f"{edf_path}: error: corrupt EDF file: {check} check failed")
+    assert err.value.location.file == str(edf_path)
+
+
+def test_missing_file_is_an_artifact_error(tmp_path):
+    with pytest.raises(ArtifactError) as err:
+        render(tmp_path / "nope.edf")
+    assert "cannot read EDF file" in err.value.render() and "nope.edf" in err.value.render()
+
+
+def test_directory_is_an_artifact_error(tmp_path):
+    with pytest.raises(ArtifactError):
+        render(tmp_path)
