@@ -138,7 +138,11 @@ def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: dict, out: TensorType
         result = np.full(out.shape, attrs["value"])
     else:
         raise ValueError(f"no numpy meaning for op {op!r}")
-    return np.ascontiguousarray(np.asarray(result).astype(NUMPY_DTYPES[out.dtype], copy=False))
+    # np.asarray(order="C"), not np.ascontiguousarray: the latter turns 0-d results into 1-d.
+    result = np.asarray(np.asarray(result).astype(NUMPY_DTYPES[out.dtype], copy=False), order="C")
+    if result.shape != out.shape:
+        raise ValueError(f"{op}: computed shape {result.shape}, expected {out.shape}")
+    return result
 
 
 def run_graph(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
