@@ -1,0 +1,1 @@
+"""Example kernels built by pipeline.yaml; each module groups related @device functions."""

@@ -1,0 +1,40 @@
+"""Atomic artifact writes with early cutoff: unchanged bytes leave the file alone."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = False) -> bool:
+    """Write ``data`` to ``path`` via a temp file in the same dir and ``os.replace``.
+
+    Returns False, touching nothing (not even the mtime), when the file
+    already holds exactly ``data``; so a stage whose output did not change
+    does not wake the stages after it. Readers never see a partial file.
+    ``durable`` also fsyncs the data before the rename.
+    """
+    target = Path(path)
+    try:
+        if target.stat().st_size == len(data) and target.read_bytes() == data:
+            return False
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return True

@@ -1,0 +1,267 @@
+"""``@device``: mark a kernel. Calling it with numpy arrays runs it eagerly (the oracle).
+
+The eager call and the tracer share everything but the tensors they pass
+in (see :mod:`kiln.lang.tensor`). A :func:`dispatching` handler, when
+active, receives calls made with numpy arrays instead, so an app can run
+its kernels on a compiled target without changing a line.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError, TraceError
+from kiln.ir.graph import TensorType
+from kiln.ir.interp import NUMPY_DTYPES
+from kiln.lang import dtypes
+from kiln.lang.errors import (
+    def_location,
+    frame_location,
+    located,
+    param_location,
+    return_location,
+)
+from kiln.lang.tensor import Tensor, TensorSpec, _spec
+
+Handler = Callable[["DeviceFunction", tuple, dict], Any]
+_HANDLER: ContextVar[Handler | None] = ContextVar("kiln_dispatch", default=None)
+
+
+@contextmanager
+def dispatching(handler: Handler | None) -> Iterator[Handler | None]:
+    """While active, ``kernel(*arrays)`` returns ``handler(kernel, args, kwargs)``.
+
+    The handler itself runs with dispatch switched off, so it may call the
+    kernel to get the eager (cpu) result. Calls with kiln Tensors (one
+    kernel calling another) are always inlined, never dispatched.
+    """
+    token = _HANDLER.set(handler)
+    try:
+        yield handler
+    finally:
+        _HANDLER.reset(token)
+
+
+class DeviceFunction:
+    """A ``@device`` kernel: the Python function plus its parameters' dims."""
+
+    def __init__(self, fn: Callable) -> None:
+        if not inspect.isfunction(fn):
+            raise TypeError(f"@device decorates a function, got {type(fn).__name__}")
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"<device function {self.__module__}.{self.__qualname__}>"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self  # a kernel stored on a class stays a plain kernel (no bound self)
+
+    @functools.cached_property
+    def signature(self) -> inspect.Signature:
+        return inspect.signature(self.fn)
+
+    @functools.cached_property
+    def params(self) -> tuple[tuple[str, tuple[str | int, ...]], ...]:
+        """(argument name, dims) in order; every argument needs a ``Tensor[...]`` annotation."""
+        raw = getattr(self.fn, "__annotations__", {})
+        out = []
+        for p in self.signature.parameters.values():
+            spec = _annotation_spec(self.fn, raw.get(p.name))
+            variadic = p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            if variadic or not isinstance(spec, TensorSpec):
+                raise TraceError(
+                    f"argument {p.name!r} of kernel {self.__name__!r} "
+                    + (
+                        "is *args/**kwargs: kernels take named tensors"
+                        if variadic
+                        else "needs dims"
+                    ),
+                    location=param_location(self.fn, p.name),
+                    expected='an annotation like Tensor["M", "K"] (Tensor[()] for a scalar)',
+                    found="no annotation" if spec is None else repr(spec),
+                )
+            out.append((p.name, spec.dims))
+        return tuple(out)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _any_tensor(args, kwargs):
+            return self._inline(args, kwargs)
+        handler = _HANDLER.get()
+        if handler is not None:
+            token = _HANDLER.set(None)
+            try:
+                return handler(self, args, kwargs)
+            finally:
+                _HANDLER.reset(token)
+        return self.eager(*args, **kwargs)
+
+    def eager(self, *args: Any, **kwargs: Any) -> Any:
+        """Run on the host with numpy (the ``cpu`` target), ignoring any dispatch handler."""
+        try:
+            bound = self._bind(args, kwargs)
+            for name, value in bound.arguments.items():
+                bound.arguments[name] = _eager_tensor(self, name, value)
+            check_dims(self, {n: t.shape for n, t in bound.arguments.items()})
+        except TraceError as exc:
+            raise located(exc, def_location(self.fn)) from None
+        result = invoke(self, bound.args, bound.kwargs, wrap_errors=False)
+        arrays = tuple(t.numpy() for t in outputs(self, result))
+        return arrays if isinstance(result, (tuple, list)) else arrays[0]
+
+    def _inline(self, args: tuple, kwargs: dict) -> Any:
+        """One kernel calling another with tensors: run the body in place."""
+        bound = self._bind(args, kwargs)
+        check_dims(self, {n: v.shape for n, v in bound.arguments.items() if isinstance(v, Tensor)})
+        return self.fn(*bound.args, **bound.kwargs)
+
+    def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+        try:
+            return self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            names = ", ".join(self.signature.parameters)
+            raise TraceError(
+                f"kernel {self.__name__!r} takes ({names}): {exc}",
+                expected=f"{len(self.signature.parameters)} arguments ({names})",
+                found=f"{len(args) + len(kwargs)} arguments",
+            ) from None
+
+
+def _annotation_spec(fn: Callable, raw: Any) -> Any:
+    """The annotation's value; a string one (``from __future__ import annotations``) is
+    evaluated in the kernel's module, else read as ``Tensor[...]`` syntax when it has that form."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return eval(raw, fn.__globals__)  # what typing.get_type_hints does, per argument
+    except Exception:
+        pass
+    try:
+        node = ast.parse(raw, mode="eval").body
+    except SyntaxError:
+        return raw
+    base = node.value if isinstance(node, ast.Subscript) else None
+    name = getattr(base, "id", None) or getattr(base, "attr", None)
+    if name != "Tensor":
+        return raw
+    items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    if not all(isinstance(i, ast.Constant) for i in items):
+        return raw
+    try:
+        return _spec(tuple(i.value for i in items))
+    except TypeError:
+        return raw
+
+
+def device(fn: Callable) -> DeviceFunction:
+    """Mark ``fn`` as a kernel: eager on numpy arrays, traceable by the pipeline."""
+    return DeviceFunction(fn)
+
+
+def _any_tensor(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(v, Tensor) for v in (*args, *kwargs.values()))
+
+
+def _eager_tensor(kernel: DeviceFunction, name: str, value: Any) -> Tensor:
+    """Wrap an eager argument; float64/int64 (numpy's defaults) become f32/i32."""
+    kind = dtypes.scalar_kind(value)
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    elif kind is not None:  # a Python number: f32, i32 or bool, like a weak scalar alone
+        value = np.asarray(value, dtype=NUMPY_DTYPES[dtypes.SCALAR_DEFAULT[kind]])
+    if not isinstance(value, np.ndarray):
+        raise TraceError(
+            f"argument {name!r} of kernel {kernel.__name__!r} must be a numpy array or a "
+            f"number, got {type(value).__name__}"
+        )
+    dtype = dtypes.EAGER_INPUTS.get(value.dtype)
+    if dtype is None:
+        raise TraceError(
+            f"argument {name!r} of kernel {kernel.__name__!r} has unsupported dtype {value.dtype}",
+            expected="float32, float16, bfloat16, int32 (or float64/int64, converted)",
+            found=str(value.dtype),
+        )
+    array = np.ascontiguousarray(value, dtype=NUMPY_DTYPES[dtype])
+    return Tensor._eager(array, TensorType(tuple(int(d) for d in array.shape), dtype))
+
+
+def check_dims(kernel: DeviceFunction, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Shapes must match the annotations, and each dim name must mean one size."""
+    seen: dict[str, tuple[int, str]] = {}
+    for name, dims in kernel.params:
+        if name not in shapes:
+            continue
+        shape = shapes[name]
+        spec = TensorSpec(dims)
+        if len(shape) != len(dims):
+            raise TraceError(
+                f"argument {name!r} of kernel {kernel.__name__!r} should have rank {len(dims)} "
+                f"({spec!r}), got shape {shape}",
+                location=param_location(kernel.fn, name),
+            )
+        for dim, size in zip(dims, shape, strict=True):
+            if isinstance(dim, int) and dim != size:
+                raise TraceError(
+                    f"argument {name!r} should have shape {spec!r}, got {shape}",
+                    location=param_location(kernel.fn, name),
+                )
+            if isinstance(dim, str):
+                first = seen.setdefault(dim, (size, name))
+                if first[0] != size:
+                    raise TraceError(
+                        f"dim {dim!r} is {first[0]} in argument {first[1]!r} but {size} "
+                        f"in argument {name!r}",
+                        location=param_location(kernel.fn, name),
+                    )
+
+
+def invoke(kernel: DeviceFunction, args: tuple, kwargs: dict, *, wrap_errors: bool) -> Any:
+    """Call the kernel body; point Kiln errors (and with ``wrap_errors``, any error) at the
+    user's line."""
+    try:
+        return kernel.fn(*args, **kwargs)
+    except KilnError as exc:
+        if exc.location is None:
+            exc.location = frame_location(exc.__traceback__) or def_location(kernel.fn)
+        raise
+    except Exception as exc:
+        if not wrap_errors:
+            raise
+        raise TraceError(
+            f"{type(exc).__name__}: {exc}",
+            location=frame_location(exc.__traceback__) or def_location(kernel.fn),
+            notes=[f"raised by the kernel's own code while tracing {kernel.__name__!r}"],
+        ) from exc
+
+
+def outputs(kernel: DeviceFunction, result: Any) -> list[Tensor]:
+    """A kernel returns a Tensor or a tuple/list of them."""
+    if result is None:
+        raise TraceError(
+            f"kernel {kernel.__name__!r} returned nothing",
+            location=return_location(kernel.fn),
+            hint="return the result tensor (or a tuple of tensors)",
+        )
+    items = list(result) if isinstance(result, (tuple, list)) else [result]
+    for item in items:
+        if not isinstance(item, Tensor):
+            raise TraceError(
+                f"kernel {kernel.__name__!r} returned a {type(item).__name__}, not a Tensor",
+                location=return_location(kernel.fn),
+                expected="a Tensor or a tuple of Tensors",
+                found=repr(item) if len(repr(item)) < 60 else type(item).__name__,
+            )
+    if not items:
+        raise TraceError(
+            f"kernel {kernel.__name__!r} returned an empty tuple",
+            location=return_location(kernel.fn),
+        )
+    return items

@@ -1,0 +1,174 @@
+"""Stage 0: a @device function and a shape set -> the traced graph (``graph.json``).
+
+The input is a :class:`TraceRequest` naming the kernel by module and
+function, so the stage can run in any process; errors in the kernel
+module (syntax, imports) and in the kernel body come back as TraceErrors
+pointing at the kernel's own file and line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from kiln.errors import ArtifactError, Location, TraceError, VerifyError
+from kiln.fsutil import write_bytes_atomic
+from kiln.ir.graph import Graph
+from kiln.lang.device import DeviceFunction
+from kiln.lang.errors import def_location, frame_location, source_line
+from kiln.lang.tracer import trace
+
+NAME = "trace"
+ARTIFACT = "graph.json"
+
+
+@dataclass(frozen=True)
+class Options:
+    """The trace stage takes no options."""
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    """Which kernel to trace, at which sizes and dtypes.
+
+    ``dtypes`` maps argument names to dtypes; arguments not named there get
+    ``default_dtype`` (an empty string means "no default").
+    """
+
+    module: str
+    function: str
+    bindings: tuple[tuple[str, int], ...]
+    dtypes: tuple[tuple[str, str], ...] = ()
+    default_dtype: str = "f32"
+
+
+def run(request: TraceRequest, options: Options, machine: dict | None) -> Graph:
+    """Import the kernel's module, find the @device function and trace it."""
+    module = load_module(request.module)
+    fn = _find(module, request)
+    dtypes = dict(request.dtypes)
+    if request.default_dtype:
+        dtypes.setdefault("*", request.default_dtype)
+    return trace(fn, dict(request.bindings), dtypes)
+
+
+def serialize(graph: Graph) -> bytes:
+    return graph.to_json()
+
+
+def read(path: str | os.PathLike) -> Graph:
+    """Load ``graph.json``; a missing, corrupt or invalid file is an ArtifactError naming it."""
+    where = Location(str(path))
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ArtifactError(f"cannot read graph artifact: {exc.strerror or exc}", where) from None
+    try:
+        graph = Graph.from_json(raw)
+        graph.verify()
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise ArtifactError(
+            f"corrupt graph artifact: {type(exc).__name__}: {exc}",
+            where,
+            hint="delete the file and rebuild (the trace stage rewrites it)",
+        ) from None
+    return graph
+
+
+def verify(graph: Graph, machine: dict | None) -> None:
+    """``Graph.verify`` as a VerifyError that names this stage."""
+    try:
+        graph.verify()
+    except ValueError as exc:
+        raise VerifyError(
+            f"stage {NAME!r} produced an invalid graph: {exc}", notes=[f"graph {graph.name!r}"]
+        ) from None
+
+
+def _dump_dfg(graph: Graph, path: str | os.PathLike, machine: dict | None) -> None:
+    write_bytes_atomic(path, graph.to_json())
+
+
+DUMPS = {"dfg": _dump_dfg}
+
+
+# -- finding the kernel ----------------------------------------------------------
+_STAMPS: dict[str, tuple[int, int]] = {}
+
+
+def _stamp(module: ModuleType) -> tuple[int, int] | None:
+    try:
+        st = os.stat(module.__file__ or "")
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def load_module(name: str) -> ModuleType:
+    """Import ``name``; re-import it when its file changed since this process loaded it."""
+    try:
+        module = sys.modules.get(name)
+        if module is None:
+            importlib.invalidate_caches()
+            module = importlib.import_module(name)
+        elif name in _STAMPS and _stamp(module) != _STAMPS[name]:
+            module = importlib.reload(module)
+    except SyntaxError as exc:
+        line = exc.lineno
+        raise TraceError(
+            f"syntax error in kernel module {name!r}: {exc.msg}",
+            Location(
+                exc.filename or name,
+                line,
+                exc.offset,
+                source=(source_line(exc.filename, line) if exc.filename and line else None)
+                or (exc.text or "").rstrip("\n")
+                or None,
+            ),
+        ) from None
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            raise TraceError(
+                f"kernel module {name!r} not found",
+                hint="is the project root on sys.path and the package listed in `packages:`?",
+            ) from None
+        raise _import_failed(name, exc) from None
+    except Exception as exc:
+        raise _import_failed(name, exc) from None
+    stamp = _stamp(module)
+    if stamp is not None:
+        _STAMPS[name] = stamp
+    return module
+
+
+def _import_failed(name: str, exc: Exception) -> TraceError:
+    tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # skip this module's frame
+    return TraceError(
+        f"importing kernel module {name!r} failed: {type(exc).__name__}: {exc}",
+        frame_location(tb),
+    )
+
+
+def _find(module: ModuleType, request: TraceRequest) -> DeviceFunction:
+    fn = getattr(module, request.function, None)
+    if isinstance(fn, DeviceFunction):
+        return fn
+    kernels = sorted(k for k, v in vars(module).items() if isinstance(v, DeviceFunction))
+    if fn is None:
+        raise TraceError(
+            f"module {request.module!r} has no kernel {request.function!r}",
+            Location(getattr(module, "__file__", None) or request.module),
+            expected="one of its @device functions: " + (", ".join(kernels) or "(none)"),
+            found=request.function,
+        )
+    where = def_location(fn) if inspect.isfunction(fn) else Location(module.__file__ or "")
+    raise TraceError(
+        f"{request.module}.{request.function} is not a @device function",
+        where,
+        hint="decorate it with @kiln.device",
+    )

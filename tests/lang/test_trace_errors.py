@@ -1,0 +1,293 @@
+"""Broken kernels: every trace error names the kernel's own file, line and source text."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kiln import trace
+from kiln.errors import TraceError
+
+BROKEN = '''\
+import numpy as np
+
+import kiln
+from kiln import Tensor, device
+
+
+def scale_of(x):
+    return 1.0 / 0  # <- user_helper
+
+
+@device
+def shape_mismatch(a: Tensor["N"], b: Tensor["M"]):
+    return a + b  # <- shape_mismatch
+
+
+@device
+def matmul_mismatch(a: Tensor["M", "K"], b: Tensor["J", "N"]):
+    return a @ b  # <- matmul_mismatch
+
+
+@device
+def python_if(x: Tensor["N"]):
+    if x.sum() > 0:  # <- python_if
+        return x
+    return -x
+
+
+@device
+def python_bool(x: Tensor["N"]):
+    big = bool(x.max() > 10.0)  # <- python_bool
+    return x * big
+
+
+@device
+def numpy_ufunc(x: Tensor["N"]):
+    return np.sin(x)  # <- numpy_ufunc
+
+
+@device
+def numpy_function(x: Tensor["N"]):
+    return np.cumsum(x)  # <- numpy_function
+
+
+@device
+def unknown_method(x: Tensor["N"]):
+    y = x * 2.0
+    return y.cumsum()  # <- unknown_method
+
+
+@device
+def unbound_dim(
+    x: Tensor["R", "C"],
+    bias: Tensor["Q"],  # <- unbound_dim
+):
+    return x + bias
+
+
+@device
+def pair(a: Tensor["N"], b: Tensor["N"]):
+    return a + b
+
+
+@device
+def wrong_arg_count(x: Tensor["N"]):
+    return pair(x)  # <- wrong_arg_count
+
+
+@device
+def returns_number(x: Tensor["N"]):
+    y = x + 1.0
+    return 3  # <- returns_number
+
+
+@device
+def returns_nothing(x: Tensor["N"]):  # <- returns_nothing
+    x + 1.0
+
+
+@device
+def user_exception(x: Tensor["N"]):
+    factor = len(x) // 0  # <- user_exception
+    return x * factor
+
+
+@device
+def user_helper(x: Tensor["N"]):
+    return x * scale_of(x)
+
+
+@device
+def bad_reshape(x: Tensor["R", "C"]):
+    return x.reshape(5, -1)  # <- bad_reshape
+
+
+@device
+def bad_axis(x: Tensor["R", "C"]):
+    return x.sum(axis=2)  # <- bad_axis
+
+
+@device
+def bad_dtype(x: Tensor["N"]):
+    return x.astype("f64")  # <- bad_dtype
+
+
+TABLE = np.arange(4.0)
+
+
+@device
+def captured_array(x: Tensor["N"]):
+    return x + TABLE  # <- captured_array
+
+
+@device
+def no_annotation(x: Tensor["N"], y):  # <- no_annotation
+    return x + y
+'''
+
+SIZES = {"N": 4, "M": 5, "K": 3, "J": 2, "R": 4, "C": 6}
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory) -> tuple[object, Path]:
+    path = tmp_path_factory.mktemp("kernels") / "broken_kernels.py"
+    path.write_text(BROKEN)
+    spec = importlib.util.spec_from_file_location("broken_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path
+
+
+def marked_line(tag: str) -> tuple[int, str]:
+    for number, text in enumerate(BROKEN.splitlines(), start=1):
+        if text.endswith(f"# <- {tag}"):
+            return number, text.strip()
+    raise AssertionError(f"no marker {tag}")
+
+
+CASES = [
+    ("shape_mismatch", "shape_mismatch", ["shape mismatch", "(4,)", "(5,)"]),
+    ("matmul_mismatch", "matmul_mismatch", ["inner dimensions differ", "(5, 3)", "(2, 4)"]),
+    ("python_if", "python_if", ["data-dependent control flow is not supported: use kiln.where"]),
+    ("python_bool", "python_bool", ["data-dependent control flow is not supported"]),
+    ("numpy_ufunc", "numpy_ufunc", ["np.sin is not supported on kiln tensors"]),
+    ("numpy_function", "numpy_function", ["np.cumsum is not supported on kiln tensors"]),
+    ("unknown_method", "unknown_method", ["no attribute 'cumsum'"]),
+    ("unbound_dim", "unbound_dim", ["dim 'Q'", "argument 'bias'", "not bound"]),
+    ("wrong_arg_count", "wrong_arg_count", ["kernel 'pair' takes (a, b)", "missing"]),
+    ("returns_number", "returns_number", ["returned a int, not a Tensor"]),
+    ("returns_nothing", "returns_nothing", ["returned nothing"]),
+    ("user_exception", "user_exception", ["ZeroDivisionError"]),
+    ("user_helper", "user_helper", ["ZeroDivisionError", "division by zero"]),
+    ("bad_reshape", "bad_reshape", ["cannot reshape", "(4, 6)", "(5, -1)"]),
+    ("bad_axis", "bad_axis", ["axis 2 is out of range", "rank 2"]),
+    ("bad_dtype", "bad_dtype", ["unsupported dtype 'f64'"]),
+    ("captured_array", "captured_array", ["numpy array of shape (4,)", "argument"]),
+    ("no_annotation", "no_annotation", ["argument 'y'", "needs dims"]),
+]
+
+
+@pytest.mark.parametrize("kernel, tag, fragments", CASES, ids=[c[0] for c in CASES])
+def test_trace_error_points_at_kernel_line(broken, kernel, tag, fragments):
+    module, path = broken
+    with pytest.raises(TraceError) as info:
+        trace(getattr(module, kernel), SIZES, "f32")
+    err = info.value
+    text = err.render()
+    for fragment in fragments:
+        assert fragment in text, text
+    line, source = marked_line(tag)
+    assert err.location is not None
+    assert Path(err.location.file) == path
+    assert err.location.line == line, text
+    assert err.location.source.strip() == source
+    assert f"{path}:{line}" in text  # the rendered header names the kernel's file:line
+
+
+def test_errors_never_point_into_kiln(broken):
+    module, _ = broken
+    for kernel, _, _ in CASES:
+        with pytest.raises(TraceError) as info:
+            trace(getattr(module, kernel), SIZES, "f32")
+        assert "/kiln/" not in info.value.location.file
+
+
+def test_user_exception_is_chained_for_debugging(broken):
+    module, _ = broken
+    with pytest.raises(TraceError) as info:
+        trace(module.user_exception, SIZES, "f32")
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+def test_eager_call_reports_the_same_line(broken):
+    module, path = broken
+    with pytest.raises(TraceError) as info:
+        module.shape_mismatch(np.zeros(4, np.float32), np.zeros(5, np.float32))
+    assert Path(info.value.location.file) == path
+    assert info.value.location.line == marked_line("shape_mismatch")[0]
+
+
+def test_eager_user_exception_propagates_unchanged(broken):
+    module, _ = broken
+    with pytest.raises(ZeroDivisionError):
+        module.user_exception(np.zeros(4, np.float32))
+
+
+def test_eager_wrong_argument_count_names_the_signature(broken):
+    module, path = broken
+    with pytest.raises(TraceError, match=r"takes \(a, b\)") as info:
+        module.pair(np.zeros(4, np.float32))
+    assert Path(info.value.location.file) == path
+
+
+def test_eager_conflicting_dim_sizes(broken):
+    module, _ = broken
+    with pytest.raises(TraceError, match="dim 'N' is 4 in argument 'a' but 3 in argument 'b'"):
+        module.pair(np.zeros(4, np.float32), np.zeros(3, np.float32))
+
+
+def test_unknown_attribute_still_behaves_for_hasattr(broken):
+    module, _ = broken
+    seen = []
+
+    @module.device
+    def probe(x: module.Tensor["N"]):  # noqa: F821
+        seen.append(hasattr(x, "cumsum"))
+        return x
+
+    trace(probe, {"N": 2}, "f32")
+    assert seen == [False]
+
+
+def test_hint_suggests_close_method_name(broken):
+    module, _ = broken
+
+    @module.device
+    def typo(x: module.Tensor["N"]):  # noqa: F821
+        return x.sqr()
+
+    with pytest.raises(TraceError) as info:
+        trace(typo, {"N": 2}, "f32")
+    assert "sqrt" in info.value.hint
+
+
+def test_trace_config_errors(broken):
+    module, _ = broken
+    with pytest.raises(TraceError, match="unsupported dtype 'f64'"):
+        trace(module.pair, {"N": 4}, "f64")
+    with pytest.raises(TraceError, match="not an argument"):
+        trace(module.pair, {"N": 4}, {"a": "f32", "c": "f32", "*": "f32"})
+    with pytest.raises(TraceError, match="no dtype for argument 'b'"):
+        trace(module.pair, {"N": 4}, {"a": "f32"})
+    with pytest.raises(TraceError, match="positive integer"):
+        trace(module.pair, {"N": 0}, "f32")
+    with pytest.raises(TraceError, match="not a @device function"):
+        trace(module.scale_of, {"N": 4}, "f32")
+
+
+def test_non_finite_constant_is_refused(tmp_path):
+    path = tmp_path / "masking.py"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            import kiln
+            from kiln import Tensor, device
+
+
+            @device
+            def masked(x: Tensor["N"]):
+                return kiln.where(x > 0, x, float("-inf"))
+            """
+        )
+    )
+    spec = importlib.util.spec_from_file_location("masking", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(TraceError, match="non-finite constant") as info:
+        trace(module.masked, {"N": 4}, "f32")
+    assert info.value.location.line == 7
