@@ -1,0 +1,115 @@
+"""Graph -> MLIR text: pinned against a golden file, plus the rules the text follows.
+
+Set KILN_UPDATE_GOLDEN=1 to rewrite the golden file after an intended change
+(and read the diff: it is the review of the lowering change).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kiln.errors import TargetError
+from kiln.ir.graph import Graph, Node, TensorType, make_attrs
+from runners.iree_mlir import func_name, literal, reassociation, to_mlir
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _node(nodes, op, inputs, out_shape, dtype="f32", **attrs) -> int:
+    out = TensorType(out_shape, dtype)
+    nodes.append(Node(len(nodes), op, tuple(inputs), out, make_attrs(**attrs)))
+    return len(nodes) - 1
+
+
+def scaled_softmax_graph() -> Graph:
+    """exp(x * w + 1) / sum(..., keepdims): a fused chain, a reduce, a broadcast back."""
+    n: list[Node] = []
+    x = _node(n, "arg", (), (4, 8), name="x", index=0)
+    w = _node(n, "arg", (), (8,), name="w", index=1)
+    wb = _node(n, "broadcast", (w,), (4, 8), shape=(4, 8))
+    one = _node(n, "const", (), (), value=1.0)
+    oneb = _node(n, "broadcast", (one,), (4, 8), shape=(4, 8))
+    e = _node(
+        n, "exp", (_node(n, "add", (_node(n, "mul", (x, wb), (4, 8)), oneb), (4, 8)),), (4, 8)
+    )
+    s = _node(n, "sum", (e,), (4, 1), axes=(1,), keepdims=True)
+    out = _node(n, "div", (e, _node(n, "broadcast", (s,), (4, 8), shape=(4, 8))), (4, 8))
+    graph = Graph("scaled_softmax.small", tuple(n), (out, s))
+    graph.verify()
+    return graph
+
+
+def test_golden_elementwise_and_reduce():
+    text = to_mlir(scaled_softmax_graph())
+    path = GOLDEN / "scaled_softmax.mlir"
+    if os.environ.get("KILN_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_text_is_deterministic():
+    assert to_mlir(scaled_softmax_graph()) == to_mlir(scaled_softmax_graph())
+
+
+def test_elementwise_chain_is_one_generic():
+    text = to_mlir(scaled_softmax_graph())
+    # mul+add+exp fused; the sum; the div: three generics, no materialized broadcast.
+    assert text.count("linalg.generic") == 3
+    assert "linalg.broadcast" not in text and "tensor.expand_shape" in text
+
+
+def test_half_precision_is_computed_in_f32_and_rounded_per_op():
+    n: list[Node] = []
+    x = _node(n, "arg", (), (8,), "f16", name="x", index=0)
+    y = _node(n, "arg", (), (8,), "bf16", name="y", index=1)
+    ex = _node(n, "exp", (x,), (8,), "f16")
+    ey = _node(n, "neg", (_node(n, "exp", (y,), (8,), "bf16"),), (8,), "bf16")
+    text = to_mlir(Graph("halves", tuple(n), (ex, ey)))
+    assert "arith.extf" in text and "math.exp" in text and ": f32" in text
+    assert "arith.truncf" in text  # f16 rounds with truncf
+    assert "i16 to bf16" in text  # bf16 rounds with integer ops (IREE folds extf(truncf))
+
+
+def test_unknown_op_is_a_target_error():
+    n: list[Node] = []
+    x = _node(n, "arg", (), (2,), name="x", index=0)
+    y = _node(n, "frobnicate", (x,), (2,))
+    with pytest.raises(TargetError, match="frobnicate"):
+        to_mlir(Graph("bad", tuple(n), (y,)))
+
+
+def test_literals_are_exact_and_parseable():
+    assert literal(1.0, "f32") == "1.0"
+    assert literal(0.1, "f32") == "0.1"
+    assert literal(1e-5, "f32") == "1.0e-05"
+    assert literal(float("-inf"), "f32") == "0xFF800000"
+    assert literal(float("nan"), "bf16") == "0x7FC0"
+    assert literal(0.1, "f16") == str(np.float32(np.float16(0.1)))
+    assert literal(3.7, "i32") == "3" and literal(2, "bool") == "true"
+
+
+def test_reassociation_groups_unit_dims_with_their_neighbours():
+    assert reassociation(2, [0]) == "[[0, 1]]"
+    assert reassociation(3, [1]) == "[[0, 1, 2]]"
+    assert reassociation(4, [0, 2]) == "[[0, 1], [2, 3]]"
+    assert reassociation(2, []) == "[]"
+
+
+def test_function_name_is_an_mlir_identifier():
+    g = scaled_softmax_graph()
+    assert func_name(g) == "scaled_softmax_small"
+    assert f"func.func @{func_name(g)}(" in to_mlir(g)
+
+
+def test_golden_compiles_with_iree():
+    compiler = pytest.importorskip("iree.compiler", reason="needs the 'iree' extra")
+    vmfb = compiler.compile_str(
+        (GOLDEN / "scaled_softmax.mlir").read_text(),
+        target_backends=["llvm-cpu"],
+        extra_args=["--iree-llvmcpu-target-cpu=generic"],
+    )
+    assert len(vmfb) > 0
