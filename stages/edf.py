@@ -16,11 +16,12 @@ from pathlib import Path
 
 import kiln
 from kiln.errors import VerifyError
+from kiln.fsutil import write_bytes_atomic
 from kiln.inspect_edf import load_edf
 from kiln.ir.edf import EdfFile, encode, gc_paused
 from kiln.ir.lir import ScheduledProgram
 from kiln.summary import format_summary, summarize
-from stages.schedule import raise_violations, write_atomic
+from stages.schedule import raise_violations
 
 NAME = "edf"
 ARTIFACT = "kernel.edf"
@@ -93,8 +94,10 @@ def _dump_summary(edf: EdfFile, path: str | os.PathLike, machine: dict) -> None:
     """Write DIR/summary.json (canonical) and DIR/summary.txt."""
     d = summarize(edf.scheduled, machine)
     out = Path(path)
-    write_atomic(out / "summary.json", (json.dumps(d, sort_keys=True, indent=2) + "\n").encode())
-    write_atomic(out / "summary.txt", format_summary(d).encode())
+    write_bytes_atomic(
+        out / "summary.json", (json.dumps(d, sort_keys=True, indent=2) + "\n").encode()
+    )
+    write_bytes_atomic(out / "summary.txt", format_summary(d).encode())
 
 
 DUMPS = {"summary": _dump_summary}

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from pathlib import Path
 
 from kiln.errors import ArtifactError, Location, StageError, VerifyError
+from kiln.fsutil import write_bytes_atomic
 from kiln.ir.edf import gc_paused
 from kiln.ir.lir import Program, ScheduledProgram, Slot
 from kiln.ir.schedule_check import (
@@ -349,25 +349,7 @@ def _us(cycles: int, clock_mhz: float) -> float:
 def _dump_schedule(sp: ScheduledProgram, path: str | os.PathLike, machine: dict) -> None:
     with gc_paused():
         data = trace_json(sp, machine)
-    write_atomic(path, data)
+    write_bytes_atomic(path, data)
 
 
 DUMPS = {"schedule": _dump_schedule}
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same directory and os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
