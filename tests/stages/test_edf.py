@@ -244,3 +244,29 @@ def test_summary_dump_writes_canonical_json_and_a_text_table(tmp_path):
     lines = text.splitlines()
     header = next(ln for ln in lines if ln.startswith("unit"))
     assert header.split() == ["unit", "instrs", "busy", "cycles", "utilization"]
+
+
+@pytest.mark.parametrize(
+    "function, bindings", [("softmax", {"R": 64, "C": 128}), ("layernorm", {"R": 64, "C": 128})]
+)
+def test_real_program_packs_verifies_and_round_trips(tmp_path, function, bindings):
+    from kiln.inspect_edf import render
+    from stages import lir, trace, visa
+
+    m = machine()
+    request = trace.TraceRequest(
+        module="kernels.normalization", function=function, bindings=tuple(bindings.items())
+    )
+    graph = trace.run(request, trace.Options(), m)
+    program = lir.run(visa.run(graph, visa.Options(), m), lir.Options(), m)
+    sp = schedule.run(program, schedule.Options(), m)
+    e = edf.run(sp, edf.Options(), m)
+    edf.verify(e, m)
+    path = tmp_path / edf.ARTIFACT
+    path.write_bytes(edf.serialize(e))
+    assert edf.read(path) == e
+    text = render(path)
+    assert all(i.text in text for i in program.instrs)
+    d = summarize(sp, m)
+    assert d["lower_bound_cycles"] <= d["makespan_cycles"]
+    assert d["dram_bytes_moved"] == sum(i.nbytes for i in program.instrs if i.unit_kind == "dma")
