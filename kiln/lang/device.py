@@ -189,7 +189,7 @@ def _eager_tensor(kernel: DeviceFunction, name: str, value: Any) -> Tensor:
             expected="float32, float16, bfloat16, int32 (or float64/int64, converted)",
             found=str(value.dtype),
         )
-    array = np.ascontiguousarray(value, dtype=NUMPY_DTYPES[dtype])
+    array = np.asarray(value, dtype=NUMPY_DTYPES[dtype], order="C")  # keeps 0-d arrays 0-d
     return Tensor._eager(array, TensorType(tuple(int(d) for d in array.shape), dtype))
 
 

@@ -34,7 +34,7 @@ class TensorSpec:
     dims: tuple[Dim, ...]
 
     def __repr__(self) -> str:
-        return f"Tensor[{', '.join(repr(d) for d in self.dims)}]"
+        return f"Tensor[{', '.join(repr(d) for d in self.dims) or '()'}]"
 
 
 def _spec(item: Any) -> TensorSpec:

@@ -1,7 +1,5 @@
 """Broken kernels: every trace error names the kernel's own file, line and source text."""
 
-from __future__ import annotations
-
 import importlib.util
 import textwrap
 from pathlib import Path
@@ -12,7 +10,7 @@ import pytest
 from kiln import trace
 from kiln.errors import TraceError
 
-BROKEN = '''\
+BROKEN = """\
 import numpy as np
 
 import kiln
@@ -128,7 +126,7 @@ def captured_array(x: Tensor["N"]):
 @device
 def no_annotation(x: Tensor["N"], y):  # <- no_annotation
     return x + y
-'''
+"""
 
 SIZES = {"N": 4, "M": 5, "K": 3, "J": 2, "R": 4, "C": 6}
 
