@@ -166,6 +166,12 @@ def device(fn: Callable) -> DeviceFunction:
     return DeviceFunction(fn)
 
 
+# ``kiln.lang.device`` is this decorator once the package re-exports it (the attribute
+# shadows the submodule), so the decorator carries the module's public names too.
+device.dispatching = dispatching  # type: ignore[attr-defined]
+device.DeviceFunction = DeviceFunction  # type: ignore[attr-defined]
+
+
 def _any_tensor(args: tuple, kwargs: dict) -> bool:
     return any(isinstance(v, Tensor) for v in (*args, *kwargs.values()))
 

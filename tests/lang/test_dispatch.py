@@ -53,3 +53,9 @@ def test_dispatching_none_switches_it_off():
         with dispatching(None):
             assert double(np.ones(1, np.float32)).tolist() == [2]
         assert double(np.ones(1, np.float32)) == "outer"
+
+
+def test_reachable_as_kiln_lang_device_dispatching():
+    import kiln.lang
+
+    assert kiln.lang.device.dispatching is dispatching

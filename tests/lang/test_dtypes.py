@@ -132,3 +132,25 @@ def test_half_precision_is_rounded_once_per_op():
     out = chain(x)
     step = (x.astype(np.float32) * 3).astype(ml_dtypes.bfloat16)
     assert out == (step.astype(np.float32) / 3).astype(ml_dtypes.bfloat16)
+
+
+def test_docs_promotion_tables_match_the_code():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "language.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| **")]
+    assert len(rows) == 5
+    header = ["f32", "f16", "bf16", "i32", "bool"]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        left = cells[0].strip("*")
+        for right, want in zip(header, cells[1:], strict=True):
+            assert dtypes.promote(left, right) == want, (left, right)
+    weak = {"float": 1, "int": 2, "bool": 3}
+    for line in text.splitlines():
+        if line.startswith("| f32 / f16 / bf16 |") or line.startswith(("| i32 |", "| bool |")):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            for tensor in ("f32", "f16", "bf16") if "/" in cells[0] else (cells[0],):
+                for kind, col in weak.items():
+                    want = tensor if cells[col] == "that float" else cells[col]
+                    assert dtypes.WEAK_PROMOTION[(tensor, kind)] == want, (tensor, kind)
