@@ -387,3 +387,55 @@ def test_bf16_outputs_come_back_as_bf16(runner):
     result = check(runner, b.graph(b.ew("mul", x, S(3.0))))
     assert result.outputs[0].dtype == np.dtype(ml_dtypes.bfloat16)
     assert math.isfinite(float(result.outputs[0].astype(np.float32).sum()))
+
+
+# -- the example kernels of pipeline.yaml ------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _example_instances():
+    """(id, function, shapes, dtypes, tolerance) for every kernel and shape set of pipeline.yaml."""
+    try:
+        import importlib
+        import pkgutil
+
+        import kernels
+        from kiln.lang import DeviceFunction
+        from kiln.pipeline.load import load_pipeline
+
+        pipeline = load_pipeline(ROOT / "pipeline.yaml")
+    except Exception:  # the tracer or the kernels are not there yet
+        return []
+    functions = {}
+    for info in pkgutil.iter_modules(kernels.__path__, "kernels."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if isinstance(value, DeviceFunction):
+                functions[name] = functions[f"{info.name}.{name}"] = value
+    cases = []
+    for spec in pipeline.kernels:
+        fn = functions.get(spec.function or spec.name)
+        dtypes = {"*": spec.dtype, **dict(spec.dtypes)}
+        for set_name, dims in spec.shapes:
+            cases.append(
+                pytest.param(fn, dict(dims), dtypes, spec.tolerance, id=f"{spec.name}.{set_name}")
+            )
+    return cases
+
+
+@pytest.mark.parametrize("fn, shapes, dtypes, tolerance", _example_instances())
+def test_example_kernels_match_oracle(runner, fn, shapes, dtypes, tolerance):
+    from kiln import trace
+    from kiln.inputs import random_inputs as seeded_inputs
+
+    assert fn is not None, "pipeline.yaml names a kernel that is not in kernels/"
+    graph = trace(fn, shapes, dtypes)
+    inputs = seeded_inputs(graph.name, [(a.shape, a.dtype) for a in graph.args])
+    per_dtype = {"f32": MATMUL_F32} if any(n.op == "matmul" for n in graph.nodes) else {}
+    if tolerance:
+        per_dtype = {
+            d: (tolerance.get("rtol", rtol), tolerance.get("atol", atol))
+            for d, (rtol, atol) in TOLERANCE.items()
+        }
+    check(runner, graph, inputs, tolerance=per_dtype)
