@@ -29,7 +29,7 @@ from kiln.lang.errors import (
     param_location,
     return_location,
 )
-from kiln.lang.tensor import Tensor, TensorSpec, _spec
+from kiln.lang.tensor import Tensor, TensorSpec, _spec, tracing
 
 Handler = Callable[["DeviceFunction", tuple, dict], Any]
 _HANDLER: ContextVar[Handler | None] = ContextVar("kiln_dispatch", default=None)
@@ -113,7 +113,8 @@ class DeviceFunction:
             check_dims(self, {n: t.shape for n, t in bound.arguments.items()})
         except TraceError as exc:
             raise located(exc, def_location(self.fn)) from None
-        result = invoke(self, bound.args, bound.kwargs, wrap_errors=False)
+        with tracing(None):
+            result = invoke(self, bound.args, bound.kwargs, wrap_errors=False)
         arrays = tuple(t.numpy() for t in outputs(self, result))
         return arrays if isinstance(result, (tuple, list)) else arrays[0]
 

@@ -83,8 +83,11 @@ _TRACING: ContextVar[Builder | None] = ContextVar("kiln_tracing", default=None)
 
 
 @contextmanager
-def tracing(builder: Builder):
-    """Make ``builder`` the target of ops that have no tensor operand (scalar-only calls)."""
+def tracing(builder: Builder | None):
+    """Make ``builder`` the target of ops that have no tensor operand (constants).
+
+    ``None`` means eager: an eager kernel call made while another kernel is
+    being traced computes its constants, it does not record them."""
     token = _TRACING.set(builder)
     try:
         yield builder
@@ -93,10 +96,9 @@ def tracing(builder: Builder):
 
 
 def _builder_of(tensors: list[Tensor]) -> Builder | None:
-    builders = {id(t._builder): t._builder for t in tensors}
     if not tensors:
         return _TRACING.get()
-    if len(builders) > 1:
+    if any(t._builder is not tensors[0]._builder for t in tensors):
         raise TraceError(
             "an op mixes tensors from different kernels or from eager and traced code",
             hint="tensors cannot be captured from outside a kernel: pass them as arguments",
@@ -359,7 +361,7 @@ class Tensor:
         return interop.numpy_function(func, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("__") or name in Tensor.__slots__:
             raise AttributeError(name)
         public = [n for n in dir(type(self)) if not n.startswith("_")]
         close = difflib.get_close_matches(name, public, n=3)
