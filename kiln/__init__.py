@@ -11,11 +11,20 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# Kept literal so that `from kiln import <submodule>` never imports the language
+# (tests/lang checks it against kiln.lang.__all__).
+LANG_NAMES = frozenset(
+    """DeviceFunction Tensor TensorSpec abs absolute add bf16 broadcast_to cast conv2d device
+    dispatching divide equal exp f16 f32 gelu greater greater_equal i32 less less_equal log
+    logical_not matmul max maximum mean min minimum multiply negative not_equal permute power
+    relu reshape rsqrt sigmoid sqrt subtract sum tanh trace transpose where""".split()
+)
+
 
 def __getattr__(name: str) -> Any:
-    import kiln.lang as lang
+    if name in LANG_NAMES:
+        import kiln.lang as lang
 
-    if name in lang.__all__:
         value = getattr(lang, name)
         globals()[name] = value
         return value
