@@ -59,3 +59,26 @@ def test_reachable_as_kiln_lang_device_dispatching():
     import kiln.lang
 
     assert kiln.lang.device.dispatching is dispatching
+
+
+def test_kiln_reexports_exactly_the_language_names():
+    import kiln
+    import kiln.lang
+
+    assert kiln.LANG_NAMES == set(kiln.lang.__all__)
+    for name in kiln.lang.__all__:
+        assert getattr(kiln, name) is getattr(kiln.lang, name)
+
+
+def test_importing_kiln_submodules_does_not_import_numpy():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    code = "import sys; from kiln import errors, options; print('numpy' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "False"
