@@ -257,19 +257,21 @@ class IreeRunner(Runner):
         key = cache_key(graph, config, _compiler_version(compiler))
         path = cache_dir() / f"{key}.vmfb"
         metrics: dict[str, Any] = {"device": config.device, "vmfb": str(path)}
+        device = _device(runtime, DEVICES[config.device][1], config.device_index)
         try:
             vmfb = path.read_bytes()
+            function = _load(runtime, device, vmfb, graph)
             metrics.update(cache="hit", compile_s=0.0)
-        except OSError:
+        except OSError:  # not cached yet
+            function = None
+        except Exception:  # noqa: BLE001  a truncated or foreign file: compile again
+            path.unlink(missing_ok=True)
+            function = None
+        if function is None:
             vmfb, seconds = compile_graph(graph, config)
             _atomic_write(path, vmfb)
+            function = _load(runtime, device, vmfb, graph)
             metrics.update(cache="miss", compile_s=seconds)
-        device = _device(runtime, DEVICES[config.device][1], config.device_index)
-        config = runtime.Config(device=device)
-        context = runtime.SystemContext(config=config)
-        module = runtime.VmModule.copy_buffer(config.vm_instance, vmfb)
-        context.add_vm_module(module)
-        function = context.modules[module.name][func_name(graph)]
         return IreePrepared(graph, path, function, device, metrics)
 
     def run(self, prepared: IreePrepared, inputs: list[np.ndarray]) -> RunResult:
@@ -331,6 +333,15 @@ class IreeRunner(Runner):
         except Exception as exc:  # runtime errors arrive as ValueError/RuntimeError
             raise TargetError(f"iree runtime failed on {prepared.graph.name!r}: {exc}") from exc
         return list(result) if isinstance(result, tuple) else [result]
+
+
+def _load(runtime, device, vmfb: bytes, graph: Graph):
+    """The kernel's function from a vmfb, in a fresh VM context on ``device``."""
+    config = runtime.Config(device=device)
+    context = runtime.SystemContext(config=config)
+    module = runtime.VmModule.copy_buffer(config.vm_instance, vmfb)
+    context.add_vm_module(module)
+    return context.modules[module.name][func_name(graph)]
 
 
 def _upload_all(runtime, prepared: IreePrepared, arrays: list[np.ndarray], keep: list) -> list:

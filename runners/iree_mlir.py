@@ -150,6 +150,28 @@ def _math(name: str) -> Callable:
     return lambda b, node, args, t: b.op(f"math.{name} {args[0]} : {t}")
 
 
+def _div(b, node, args, t):
+    if t == "f32":
+        return b.ins("arith.divf", *args)
+    if t != "i32":
+        raise TargetError(f"iree: div is not defined on {node.dtype} (node {node.id})")
+    # divsi traps (SIGFPE) on x / 0 and INT_MIN / -1. numpy computes in float and
+    # casts back, which gives INT_MIN for both on x86: divide by 1 there instead.
+    a, d = args
+    int_min = b.const(-(2**31), "i32")
+    by_zero = b.op(f"arith.cmpi eq, {d}, {b.const(0, 'i32')} : i32")
+    overflow = b.ins(
+        "arith.andi",
+        b.op(f"arith.cmpi eq, {a}, {int_min} : i32"),
+        b.op(f"arith.cmpi eq, {d}, {b.const(-1, 'i32')} : i32"),
+        t="i1",
+    )
+    one = b.const(1, "i32")
+    safe = b.op(f"arith.select {b.ins('arith.ori', by_zero, overflow, t='i1')}, {one}, {d} : i32")
+    quotient = b.ins("arith.divsi", a, safe, t="i32")
+    return b.op(f"arith.select {by_zero}, {int_min}, {quotient} : i32")
+
+
 def _neg(b, node, args, t):
     if t == "i32":
         return b.op(f"arith.subi {b.const(0, 'i32')}, {args[0]} : i32")
@@ -255,7 +277,7 @@ SCALAR: dict[str, tuple[Callable, bool]] = {
     "add": (_by_type("arith.addf", "arith.addi", "arith.ori"), True),
     "sub": (_by_type("arith.subf", "arith.subi"), True),
     "mul": (_by_type("arith.mulf", "arith.muli", "arith.andi"), True),
-    "div": (_by_type("arith.divf", "arith.divsi"), True),
+    "div": (_div, True),
     "maximum": (_by_type("arith.maximumf", "arith.maxsi", "arith.ori"), True),
     "minimum": (_by_type("arith.minimumf", "arith.minsi", "arith.andi"), True),
     "pow": (_pow, True),

@@ -200,6 +200,7 @@ def test_reductions_match_oracle(runner):
         b.mean(x, axes=(1,), keepdims=True),
         b.mean(x, axes=(0, 2), keepdims=True),
         b.max(x, axes=(0, 1, 2), keepdims=True),
+        b.ew("mul", b.sum(x, axes=(0, 1, 2)), S(2.0)),  # a rank-0 elementwise generic
     ]
     check(runner, b.graph(*outs))
 
@@ -254,6 +255,14 @@ def test_i32_arithmetic_is_exact(runner):
         b.max(x, axes=(0, 1)),
     ]
     check(runner, b.graph(*outs))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # the oracle's x / 0
+def test_i32_division_by_zero_and_overflow_do_not_trap(runner):
+    b = GraphBuilder("idiv")
+    x, y = b.arg((5,), "i32"), b.arg((5,), "i32")
+    inputs = [np.array([7, -7, 0, -(2**31), 9], np.int32), np.array([2, 2, 0, -1, 0], np.int32)]
+    check(runner, b.graph(b.div(x, y)), inputs)
 
 
 def test_transcendentals_match_oracle(runner):
@@ -313,6 +322,16 @@ def test_second_prepare_is_a_cache_hit(runner):
     assert Path(os.environ["KILN_CACHE_DIR"]) in second.vmfb.parents
     result = runner.run(second, random_inputs(graph))
     assert result.metrics["cache"] == "hit" and result.metrics["wall_s"] > 0
+
+
+def test_corrupt_cache_entry_is_recompiled(runner):
+    graph = _small_graph("corrupt")
+    artifacts = KernelArtifacts(graph.name, graph, Path("."))
+    path = runner.prepare(artifacts).vmfb
+    path.write_bytes(path.read_bytes()[:100])
+    again = runner.prepare(artifacts)
+    assert again.metrics["cache"] == "miss" and again.vmfb.stat().st_size > 100
+    check(runner, graph)
 
 
 def test_flags_are_part_of_the_cache_key(runner):
