@@ -310,6 +310,10 @@ def emit_scalar(b: Body, node: Node, args: list[str], in_dtype: str) -> str:
 # ---------------------------------------------------------------------------
 # Tensor level: one emitter per op (STYLE 5), each returning the node's value.
 
+REDUCTIONS = ("sum", "max", "min", "mean")
+# Ops whose generic computes a single-use elementwise producer in its own body.
+FUSES_PRODUCERS = (*SCALAR, *REDUCTIONS)
+
 
 class _Func:
     """The body of one func.func being written: SSA names, map aliases, node values."""
@@ -329,7 +333,7 @@ class _Func:
             if n.op in SCALAR
             and n.id not in outputs
             and len(set(users[n.id])) == 1
-            and graph.node(users[n.id][0]).op in SCALAR
+            and graph.node(users[n.id][0]).op in FUSES_PRODUCERS
         }
 
     # -- text helpers ---------------------------------------------------
@@ -454,15 +458,19 @@ def _elem_of(tensor_type: str) -> str:
     return tensor_type[len("tensor<") : -1].rsplit("x", 1)[-1]
 
 
-def _elementwise(f: _Func, root: Node) -> str:
-    """One generic for ``root`` and every inlined elementwise node feeding it."""
-    g, rank = f.graph, root.type.rank
+def _fused(f: _Func, root: int, rank: int):
+    """Operands and body of the elementwise tree at ``root`` (itself plus inlined producers).
+
+    Returns ``(operands, value)``: operands are (tensor, type, map) over ``rank``
+    loops; ``value(body, in_args)`` emits the tree and returns the root's scalar.
+    """
+    g = f.graph
     ident = affine(rank, [f"d{i}" for i in range(rank)])
     operands: list[tuple[str, str, str]] = []
     slot: dict[int, int] = {}  # leaf node id -> operand index
 
     def collect(nid: int) -> None:
-        if nid == root.id or nid in f.inlined:
+        if nid == root or nid in f.inlined:
             for i in g.node(nid).inputs:
                 collect(i)
         elif nid not in slot and f.scalar_leaf(nid) is None:
@@ -476,9 +484,9 @@ def _elementwise(f: _Func, root: Node) -> str:
                 operands.append(operand)
             slot[nid] = operands.index(operand)
 
-    collect(root.id)
+    collect(root)
 
-    def body_fn(b: Body, in_args: list[str], _out: str) -> str:
+    def emit(b: Body, in_args: list[str]) -> str:
         memo: dict[int, str] = {}
 
         def value(nid: int) -> str:
@@ -486,17 +494,28 @@ def _elementwise(f: _Func, root: Node) -> str:
                 node, const = g.node(nid), f.scalar_leaf(nid)
                 if nid in slot:
                     memo[nid] = in_args[slot[nid]]
-                elif const is not None and nid != root.id and nid not in f.inlined:
+                elif const is not None and nid != root and nid not in f.inlined:
                     memo[nid] = b.const(const.attr("value"), const.dtype)
                 else:
                     args = [value(i) for i in node.inputs]
                     memo[nid] = emit_scalar(b, node, args, g.node(node.inputs[-1]).dtype)
             return memo[nid]
 
-        return value(root.id)
+        return value(root)
 
-    out = (f.empty(root.shape, ELEM[root.dtype]), ttype(root.shape, ELEM[root.dtype]), ident)
-    return f.generic(operands, out, ["parallel"] * rank, body_fn)
+    return operands, emit
+
+
+def _elementwise(f: _Func, root: Node) -> str:
+    """One generic for ``root`` and every inlined elementwise node feeding it."""
+    rank, elem = root.type.rank, ELEM[root.dtype]
+    operands, emit = _fused(f, root.id, rank)
+    out = (
+        f.empty(root.shape, elem),
+        ttype(root.shape, elem),
+        affine(rank, [f"d{i}" for i in range(rank)]),
+    )
+    return f.generic(operands, out, ["parallel"] * rank, lambda b, ins, _: emit(b, ins))
 
 
 _INIT = {  # (op, accumulator) -> identity literal
@@ -528,15 +547,20 @@ def _reduce(f: _Func, node: Node) -> str:
     init = f.fill(_INIT[node.op, acc], acc, shape)
     combine = _COMBINE["sum" if node.op == "mean" else node.op][acc]
 
-    def body_fn(b: Body, ins: list[str], out: str) -> str:
-        v = ins[0]
+    if x.id in f.inlined:  # an elementwise producer used only here runs in this loop
+        ins, emit = _fused(f, x.id, rank)
+    else:
+        ident = affine(rank, [f"d{i}" for i in range(rank)])
+        ins, emit = [(f.tensor(x.id), ttype(x.shape, ELEM[dt]), ident)], lambda b, args: args[0]
+
+    def body_fn(b: Body, args: list[str], out: str) -> str:
+        v = emit(b, args)
         if dt in HALVES:
             v = b.op(f"arith.extf {v} : {ELEM[dt]} to f32")
         elif acc == "i64":
             v = b.op(f"arith.extsi {v} : i32 to i64")
         return b.op(f"{combine} {v}, {out} : {acc}")
 
-    ins = [(f.tensor(x.id), ttype(x.shape, ELEM[dt]), affine(rank, [f"d{i}" for i in range(rank)]))]
     out = (init, ttype(shape, acc), affine(rank, [f"d{i}" for i in kept]))
     iters = ["reduction" if i in axes else "parallel" for i in range(rank)]
     value = f.generic(ins, out, iters, body_fn)
@@ -663,7 +687,7 @@ def _conv2d(f: _Func, node: Node) -> str:
 
 TENSOR: dict[str, Callable[[_Func, Node], str | None]] = {
     **{op: _elementwise for op in SCALAR},
-    **{op: _reduce for op in ("sum", "max", "min", "mean")},
+    **{op: _reduce for op in REDUCTIONS},
     "matmul": _matmul,
     "transpose": _transpose,
     "reshape": _reshape,

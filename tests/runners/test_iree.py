@@ -201,6 +201,7 @@ def test_reductions_match_oracle(runner):
         b.mean(x, axes=(0, 2), keepdims=True),
         b.max(x, axes=(0, 1, 2), keepdims=True),
         b.ew("mul", b.sum(x, axes=(0, 1, 2)), S(2.0)),  # a rank-0 elementwise generic
+        b.max(b.abs(b.neg(x)), axes=(1,)),  # producers computed inside the reduction
     ]
     check(runner, b.graph(*outs))
 
@@ -235,7 +236,12 @@ def test_half_precision_chain_matches_oracle(runner, dtype):
     b = GraphBuilder(f"chain_{dtype}")
     x, y = b.arg((16, 40), dtype), b.arg((40,), dtype)
     z = b.tanh(b.ew("add", b.ew("mul", x, y), S(0.5)))
-    outs = [b.exp(b.ew("sub", z, x)), b.sum(z, axes=(1,)), b.matmul(x, b.reshape(y, shape=(40, 1)))]
+    outs = [
+        b.exp(b.ew("sub", z, x)),
+        b.sum(z, axes=(1,)),
+        b.matmul(x, b.reshape(y, shape=(40, 1))),
+        b.mean(b.mul(x, x), axes=(0,)),
+    ]
     check(runner, b.graph(*outs))
 
 

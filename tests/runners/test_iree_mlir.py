@@ -62,6 +62,15 @@ def test_elementwise_chain_is_one_generic():
     assert "linalg.broadcast" not in text and "tensor.expand_shape" in text
 
 
+def test_single_use_producer_is_computed_inside_the_reduction():
+    n: list[Node] = []
+    x = _node(n, "arg", (), (4, 8), name="x", index=0)
+    sq = _node(n, "mul", (x, x), (4, 8))
+    s = _node(n, "sum", (sq,), (4,), axes=(1,), keepdims=False)
+    text = to_mlir(Graph("sumsq", tuple(n), (s,)))
+    assert text.count("linalg.generic") == 1 and "arith.mulf %in0, %in0" in text
+
+
 def test_half_precision_is_computed_in_f32_and_rounded_per_op():
     n: list[Node] = []
     x = _node(n, "arg", (), (8,), "f16", name="x", index=0)
