@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import tempfile
 import time as _time
 from dataclasses import dataclass, field
@@ -223,8 +224,15 @@ def _device(runtime, driver: str, index: int | None):
         except TargetError:
             raise
         except Exception as exc:  # the runtime raises ValueError/RuntimeError here
-            raise TargetError(f"iree runtime has no usable {driver!r} device: {exc}") from exc
+            raise TargetError(f"no usable iree {driver!r} device: {_short(exc)}") from exc
     return _DEVICES[key]
+
+
+def _short(exc: Exception) -> str:
+    """The runtime's reason without its source path and advice: 'CUDA driver ... not available'."""
+    text = str(exc.__cause__ or exc).splitlines()[0]
+    text = text.split("UNAVAILABLE; ", 1)[-1]
+    return re.split(r"[;:] please", text)[0]
 
 
 class IreeRunner(Runner):
