@@ -25,7 +25,7 @@ def failure(err: KilnError) -> TaskFailed:
 
 
 def run_stage(spec: dict):
-    """Run one stage of one kernel instance; return the config parts for `kiln status`."""
+    """Run one stage of one kernel instance; a failure comes back as TaskFailed."""
     try:
         _run(spec)
     except KilnError as err:
@@ -42,7 +42,7 @@ def run_stage(spec: dict):
             notes=[detail] if detail else [],
         )
         return failure(err)
-    return {"parts": spec["parts"]}
+    return None
 
 
 def _run(spec: dict) -> None:

@@ -3,15 +3,14 @@
 Task ``compile:<kernel>.<shapes>.<stage>`` reads the previous stage's
 artifact (the trace stage reads the kernel's source files), writes its own
 artifact only when the bytes change (early cutoff), and re-runs when its
-config digest changes (options, machine, Kiln version, stage source).
+config changes (options, machine, Kiln version, stage source): the config
+is a stamp file among its file_deps (see tasks/digest.py).
 """
 
 from __future__ import annotations
 
-from doit.tools import config_changed
-
 import kiln
-from tasks.digest import combine, digest_json, module_source_digest
+from tasks.digest import ConfigStamps, digest_json, stage_module_info
 from tasks.project import KernelInstance, Project
 
 # dump kind -> (stage name that owns it, path inside the instance's out dir)
@@ -26,32 +25,8 @@ DUMP_FILES = {
 
 
 def artifact_name(stage_module: str) -> str:
-    """The artifact file a stage module writes, read from its source without importing it."""
-    return _ARTIFACTS.get(stage_module) or _read_artifact_constant(stage_module)
-
-
-_ARTIFACTS: dict[str, str] = {}
-
-
-def _read_artifact_constant(module: str) -> str:
-    import ast
-    import importlib.util
-
-    spec = importlib.util.find_spec(module)
-    name = module.rsplit(".", 1)[-1]
-    if spec is not None and spec.origin:
-        with open(spec.origin, "rb") as f:
-            tree = ast.parse(f.read())
-        for node in tree.body:
-            if (
-                isinstance(node, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "ARTIFACT" for t in node.targets)
-                and isinstance(node.value, ast.Constant)
-            ):
-                name = node.value.value
-                break
-    _ARTIFACTS[module] = name
-    return name
+    """The artifact file a stage module writes (its ``ARTIFACT``)."""
+    return stage_module_info(stage_module)[1]
 
 
 def instance_dumps(project: Project, inst: KernelInstance) -> dict[str, list[tuple[str, str]]]:
@@ -62,44 +37,48 @@ def instance_dumps(project: Project, inst: KernelInstance) -> dict[str, list[tup
             continue
         for kind in dump.kinds:
             stage, rel = DUMP_FILES[kind]
-            wanted.setdefault(stage, []).append((kind, str(inst.out_dir / rel)))
+            wanted.setdefault(stage, []).append((kind, f"{inst.out_dir}/{rel}"))
     return wanted
 
 
 def stage_artifact(inst: KernelInstance, stage_module: str) -> str:
-    return str(inst.out_dir / artifact_name(stage_module))
+    return f"{inst.out_dir}/{artifact_name(stage_module)}"
 
 
 def compile_tasks(project: Project, instances: list[KernelInstance] | None = None):
-    """Yield the doit task dicts of the compile DAG."""
+    """Yield the doit task dicts of the compile DAG.
+
+    Runs on every build, no-op ones included: everything that does not
+    depend on the instance is computed once per stage, not once per task.
+    """
     pipeline = project.pipeline
     machine = project.machine()
-    shared = {
-        "machine": digest_json(machine),
-        "version": kiln.__version__,
-    }
-    stage_digests = {s.name: module_source_digest(s.module) for s in pipeline.stages}
-    option_digests: dict[str, str] = {}
+    root, pipeline_path = str(project.root), str(project.pipeline_path)
+    shared = {"machine": digest_json(machine), "version": kiln.__version__}
+    stages = []
+    for index, stage in enumerate(pipeline.stages):
+        digest, artifact = stage_module_info(stage.module)
+        stages.append((index, stage, artifact, dict(shared, stage_source=digest)))
+    options_memo: dict[tuple[str | None, str], tuple[dict, str]] = {}
+    stamps = ConfigStamps(project.state_dir / "config")
     for inst in instances if instances is not None else project.instances:
         sources = project.discovery.source_files(inst.source.module)
-        dumps = instance_dumps(project, inst)
+        dumps = instance_dumps(project, inst) if pipeline.dumps else {}
+        own = inst.kernel if pipeline.kernel(inst.kernel).options else None
+        out_dir = str(inst.out_dir)
         previous: str | None = None
         previous_module: str | None = None
-        for index, stage in enumerate(pipeline.stages):
-            options = pipeline.stage_options(inst.kernel, stage.name)
-            key = f"{stage.name}:{sorted(options.items())!r}"
-            if key not in option_digests:
-                option_digests[key] = digest_json(options)
-            artifact = stage_artifact(inst, stage.module)
+        for index, stage, artifact_file, base_parts in stages:
+            memo_key = (own, stage.name)
+            if memo_key not in options_memo:
+                options = pipeline.stage_options(inst.kernel, stage.name)
+                options_memo[memo_key] = (options, digest_json(options))
+            options, options_digest = options_memo[memo_key]
+            artifact = f"{out_dir}/{artifact_file}"
             stage_dumps = dumps.get(stage.name, [])
-            parts = dict(
-                shared, options=option_digests[key], stage_source=stage_digests[stage.name]
-            )
-            if stage_dumps:
-                parts["dumps"] = digest_json(stage_dumps)
             spec = {
-                "root": str(project.root),
-                "pipeline": str(project.pipeline_path),
+                "root": root,
+                "pipeline": pipeline_path,
                 "instance": inst.name,
                 "stage": stage.name,
                 "stage_index": index,
@@ -108,8 +87,10 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 "machine": machine,
                 "artifact": artifact,
                 "dumps": stage_dumps,
-                "parts": None,
             }
+            parts = dict(base_parts, options=options_digest)
+            if stage_dumps:
+                parts["dumps"] = digest_json(stage_dumps)
             if previous is None:
                 dtype, dtypes = project.trace_dtypes(inst.kernel)
                 spec["trace"] = {
@@ -120,22 +101,18 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                     "default_dtype": dtype,
                 }
                 parts["kernel"] = digest_json(spec["trace"])
-                file_dep = sources
+                file_dep = [*sources, stamps.path(stage.name, parts)]
             else:
                 spec["input"] = previous
                 spec["input_module"] = previous_module
-                file_dep = [previous]
-            spec["parts"] = parts
+                file_dep = [previous, stamps.path(stage.name, parts)]
             yield {
                 "basename": "compile",
                 "name": f"{inst.name}.{stage.name}",
                 "actions": [(_run_stage, [spec])],
                 "file_dep": file_dep,
-                "targets": [artifact] + [path for _, path in stage_dumps],
-                "uptodate": [config_changed(combine(parts))],
+                "targets": [artifact, *(path for _, path in stage_dumps)],
                 "clean": True,
-                "doc": f"{stage.name} of {inst.name} ({inst.source.path})",
-                "verbosity": 1,
             }
             previous, previous_module = artifact, stage.module
 

@@ -8,11 +8,14 @@ cached per file, keyed by (mtime_ns, size), in the project's state dir.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ast
 
 CACHE_FORMAT = 2
 
@@ -43,6 +46,8 @@ class ModuleInfo:
 
 
 def _is_device_decorator(node: ast.expr) -> bool:
+    import ast
+
     if isinstance(node, ast.Call):
         node = node.func
     if isinstance(node, ast.Name):
@@ -52,6 +57,8 @@ def _is_device_decorator(node: ast.expr) -> bool:
 
 def _dims(annotation: ast.expr | None) -> tuple[str | int, ...] | None:
     """``Tensor["M", "K"]`` -> ("M", "K"); anything else -> None."""
+    import ast
+
     if not isinstance(annotation, ast.Subscript):
         return None
     base = annotation.value
@@ -76,6 +83,8 @@ def _resolve_relative(module: str, is_package: bool, level: int, target: str | N
 
 def scan_module(module: str, file: Path) -> ModuleInfo:
     """Parse one file: its @device functions and its imports."""
+    import ast
+
     try:
         tree = ast.parse(file.read_bytes(), filename=str(file))
     except SyntaxError as exc:
@@ -136,6 +145,7 @@ class Discovery:
         self._cache: dict[str, dict] = {}
         self._dirty = False
         self.modules: dict[str, ModuleInfo] = {}
+        self._sources: dict[str, list[str]] = {}
         if cache_file is not None and cache_file.is_file():
             try:
                 data = json.loads(cache_file.read_text())
@@ -168,6 +178,11 @@ class Discovery:
 
     def source_files(self, module: str) -> list[str]:
         """The module's file plus every project module it imports, transitively."""
+        if module not in self._sources:
+            self._sources[module] = self._closure(module)
+        return self._sources[module]
+
+    def _closure(self, module: str) -> list[str]:
         seen: dict[str, str] = {}
         stack = [module]
         while stack:

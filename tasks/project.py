@@ -6,7 +6,6 @@ task, artifact directory and report is per instance.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +96,8 @@ class Project:
             wanted = spec.function or spec.name
             candidates = found.get(wanted, [])
             if not candidates:
+                import difflib
+
                 names = sorted({k for k in found if "." not in k})
                 close = difflib.get_close_matches(wanted, names, n=1)
                 raise PipelineError(
@@ -152,6 +153,46 @@ class Project:
                 continue
             chosen.append(inst)
         return chosen
+
+    def add_instance(
+        self,
+        kernel: str,
+        source: KernelSource,
+        shape_set: str,
+        bindings: tuple[tuple[str, int], ...],
+        dtype: str = "f32",
+        dtypes: tuple[tuple[str, str], ...] = (),
+    ) -> KernelInstance:
+        """Add an instance pipeline.yaml does not declare (an app's call compiled on first use).
+
+        It joins ``instances`` and the in-memory pipeline (never the file), so the
+        compile tasks, out dir and cache treat it like a declared one. A kernel
+        the pipeline does not name gets a spec of its own (``dtype``/``dtypes``).
+        """
+        from dataclasses import replace
+
+        from kiln.pipeline import KernelSpec
+
+        for inst in self.instances:
+            if inst.kernel == kernel and inst.shape_set == shape_set:
+                return inst
+        kernels = list(self.pipeline.kernels)
+        names = [k.name for k in kernels]
+        if kernel in names:
+            spec = kernels[names.index(kernel)]
+            kernels[names.index(kernel)] = replace(
+                spec, shapes=spec.shapes + ((shape_set, tuple(bindings)),)
+            )
+        else:
+            spec = KernelSpec(kernel, source.path, dtype, tuple(dtypes))
+            kernels.append(replace(spec, shapes=((shape_set, tuple(bindings)),)))
+        self.pipeline = replace(self.pipeline, kernels=tuple(kernels), _index=None)
+        self.kernels[kernel] = source
+        inst = KernelInstance(
+            kernel, shape_set, tuple(bindings), source, self.out_dir / kernel / shape_set
+        )
+        self.instances.append(inst)
+        return inst
 
     def trace_dtypes(self, kernel: str) -> tuple[str, dict[str, str]]:
         spec = self.pipeline.kernel(kernel)

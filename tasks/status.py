@@ -6,6 +6,7 @@ from doit.dependency import Dependency, SqliteDB
 from doit.loader import generate_tasks
 
 from tasks.compile import compile_tasks
+from tasks.digest import read_stamp
 from tasks.project import KernelInstance, Project
 
 PART_NAMES = {
@@ -34,7 +35,7 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
         if not task.actions:
             continue
         status = dep.get_status(task, by_name, get_log=True)
-        reasons = _reasons(dep, task, status)
+        reasons = _reasons(dep, task, status, str(project.state_dir / "config"))
         upstream = [producers[f] for f in task.file_dep if f in producers]
         if not reasons and any(u in pending for u in upstream):
             reasons = [
@@ -48,33 +49,29 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
     return results
 
 
-def _reasons(dep: Dependency, task, status) -> list[str]:
+def _reasons(dep: Dependency, task, status, stamp_dir: str) -> list[str]:
     if status.status == "up-to-date":
         return []
-    out: list[str] = []
+    if dep._get(task.name, "deps:") is None:
+        return ["never built"]
     reasons = status.reasons
-    for path in reasons.get("missing_file_dep", []):
-        out.append(f"input not built yet: {path}")
+    is_stamp = lambda path: path.startswith(stamp_dir)  # noqa: E731
+    out: list[str] = []
     for target in reasons.get("missing_target", []):
         out.append(f"missing artifact {target}")
+    for path in reasons.get("missing_file_dep", []):
+        out.append(f"input not built yet: {path}")
+    added = list(reasons.get("added_file_dep", []))
+    removed = list(reasons.get("removed_file_dep", []))
+    new_stamps = [p for p in added if is_stamp(p)]
+    old_stamps = [p for p in removed if is_stamp(p)]
+    if new_stamps:
+        out.extend(_config_changes(old_stamps, new_stamps))
     for path in reasons.get("changed_file_dep", []):
-        out.append(f"file changed: {path}")
-    for path in reasons.get("added_file_dep", []):
-        out.append(f"new dependency: {path}")
-    for path in reasons.get("removed_file_dep", []):
-        out.append(f"dependency removed: {path}")
-    if reasons.get("uptodate_false"):
-        saved = (dep.get_values(task.name) or {}).get("parts")
-        if saved is None:
-            out.append("never built")
-        else:
-            current = _current_parts(task)
-            changed = [
-                k for k in sorted(set(current) | set(saved)) if current.get(k) != saved.get(k)
-            ]
-            out.extend(PART_NAMES.get(k, f"{k} changed") for k in changed)
-            if not changed:
-                out.append("configuration changed")
+        if not is_stamp(path) and path not in added:
+            out.append(f"file changed: {path}")
+    out.extend(f"new dependency: {p}" for p in added if not is_stamp(p))
+    out.extend(f"dependency removed: {p}" for p in removed if not is_stamp(p))
     if reasons.get("checker_changed"):
         out.append("cache check method changed (timestamp/md5)")
     if not out:
@@ -82,9 +79,11 @@ def _reasons(dep: Dependency, task, status) -> list[str]:
     return out
 
 
-def _current_parts(task) -> dict:
-    for action in task.actions:
-        args = getattr(action, "args", None)
-        if args and isinstance(args[0], dict) and "parts" in args[0]:
-            return args[0]["parts"]
-    return {}
+def _config_changes(old_stamps: list[str], new_stamps: list[str]) -> list[str]:
+    """Which config parts differ between the stamp a task was built with and today's."""
+    old = read_stamp(old_stamps[0]) if old_stamps else None
+    new = read_stamp(new_stamps[0])
+    if old is None or new is None:
+        return ["configuration changed"]
+    changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    return [PART_NAMES.get(k, f"{k} changed") for k in changed] or ["configuration changed"]

@@ -6,11 +6,9 @@ import json
 import time
 from pathlib import Path
 
-from doit.tools import config_changed
-
 from kiln.errors import KilnError
 from tasks.compile import stage_artifact
-from tasks.digest import digest_json
+from tasks.digest import ConfigStamps, digest_json
 from tasks.project import KernelInstance, Project
 
 ORACLE = "cpu"
@@ -140,12 +138,13 @@ def test_tasks(project: Project, instances=None):
     first = project.pipeline.stages[0]
     targets = default_targets(project)
     specs = {
-        t.name: digest_json([t.runner, t.machine, sorted(t.options)])
+        t.name: digest_json([t.runner, t.machine, sorted(t.options), t.tolerance])
         for t in project.pipeline.targets
     }
+    stamps = ConfigStamps(project.state_dir / "config")
     for inst in instances if instances is not None else project.instances:
         deps = sorted({stage_artifact(inst, last.module), stage_artifact(inst, first.module)})
-        tol = digest_json(project.pipeline.kernel(inst.kernel).tolerance)
+        tolerance = digest_json(project.pipeline.kernel(inst.kernel).tolerance)
         for target in targets:
             report = str(inst.out_dir / f"test-{target}.json")
             yield {
@@ -153,9 +152,11 @@ def test_tasks(project: Project, instances=None):
                 "actions": [
                     (_test_action, [str(project.pipeline_path), inst.name, target, report])
                 ],
-                "file_dep": deps,
+                "file_dep": [
+                    *deps,
+                    stamps.path("test", {"target": specs[target], "tolerance": tolerance}),
+                ],
                 "targets": [report],
-                "uptodate": [config_changed(specs[target] + tol)],
                 "clean": True,
                 "doc": f"check {inst.name} on {target} against the cpu oracle",
             }
