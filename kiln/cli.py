@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from kiln.errors import KilnError
+from kiln.log import setup_logging
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary")
 OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench")
@@ -20,7 +21,7 @@ OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench")
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _setup_logging()
+    setup_logging()
     fmt = _message_format(argv)
     try:
         if argv and argv[0] in OWN_COMMANDS:
@@ -109,25 +110,6 @@ def _print_error(err: KilnError, fmt: str) -> None:
         print(json.dumps(err.to_dict(), sort_keys=True))
     else:
         print(err.render(), file=sys.stderr)
-
-
-def _setup_logging() -> None:
-    """KILN_LOG_INFO=1 turns on info logs; KILN_LOG_FILE=stdout|stderr|PATH says where."""
-    if os.environ.get("KILN_LOG_INFO") != "1":
-        return
-    import logging
-
-    dest = os.environ.get("KILN_LOG_FILE", "stderr")
-    if dest == "stdout":
-        handler: logging.Handler = logging.StreamHandler(sys.stdout)
-    elif dest == "stderr":
-        handler = logging.StreamHandler(sys.stderr)
-    else:
-        handler = logging.FileHandler(dest)
-    handler.setFormatter(logging.Formatter("%(asctime)s kiln %(name)s: %(message)s"))
-    logger = logging.getLogger("kiln")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from kiln.errors import KilnError, Location, StageError
+from kiln.log import get_logger
 
 DIAGNOSTIC_MARK = "KILN-DIAGNOSTIC "
+log = get_logger("stage")
 
 
 def failure(err: KilnError) -> TaskFailed:
@@ -71,8 +73,14 @@ def _run(spec: dict) -> None:
     ir_out = module.run(ir_in, options, machine)
     module.verify(ir_out, machine)
     artifact = Path(spec["artifact"])
-    artifact.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(artifact, module.serialize(ir_out))
+    changed = write_bytes_atomic(artifact, module.serialize(ir_out))
+    log.info(
+        "%s %s: %s %s",
+        spec["instance"],
+        spec["stage"],
+        "wrote" if changed else "unchanged (early cutoff)",
+        artifact,
+    )
     for kind, path in spec["dumps"]:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         module.DUMPS[kind](ir_out, Path(path), machine)

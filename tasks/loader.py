@@ -10,8 +10,11 @@ from pathlib import Path
 from doit.cmd_base import TaskLoader2
 from doit.loader import generate_tasks
 
+from kiln.log import get_logger, setup_logging
 from tasks.compile import compile_tasks
 from tasks.project import Project
+
+log = get_logger("tasks")
 
 # doit commands that execute or change task state take the project lock
 LOCKING_COMMANDS = {"run", "clean", "forget", "ignore", "reset-dep"}
@@ -94,11 +97,13 @@ class KilnLoader(TaskLoader2):
         tasks = []
         for basename, gen in all_task_dicts(self.project, self._instances):
             tasks.extend(generate_tasks(basename, gen))
+        log.info("loaded %d tasks from %s", len(tasks), self.project.pipeline_path)
         return tasks
 
 
 def dodo_namespace(start: Path | None = None) -> dict:
     """task_* functions and DOIT_CONFIG for a project's dodo.py."""
+    setup_logging()
     project = Project.find(start)
     ns: dict = {"DOIT_CONFIG": doit_config(project)}
     for basename, gen in all_task_dicts(project):
