@@ -71,6 +71,8 @@ def _run(spec: dict) -> None:
     else:
         ir_in = importlib.import_module(spec["input_module"]).read(Path(spec["input"]))
     ir_out = module.run(ir_in, options, machine)
+    if "build" in spec and hasattr(ir_out, "with_metadata"):
+        ir_out = ir_out.with_metadata(_build_metadata(spec["build"]))
     module.verify(ir_out, machine)
     artifact = Path(spec["artifact"])
     changed = write_bytes_atomic(artifact, module.serialize(ir_out))
@@ -84,6 +86,22 @@ def _run(spec: dict) -> None:
     for kind, path in spec["dumps"]:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         module.DUMPS[kind](ir_out, Path(path), machine)
+
+
+def _build_metadata(build: dict) -> dict:
+    """Source and compiler fingerprints for the binary's metadata.
+
+    The source is fingerprinted by its traced graph, not its text: a
+    comment edit does not change what the binary was built from.
+    """
+    import hashlib
+
+    graph = Path(build["graph"])
+    source = hashlib.sha256(graph.read_bytes()).hexdigest() if graph.is_file() else None
+    return {
+        "source": {"kernel": build["kernel"], "shapes": build["shapes"]},
+        "hashes": {"source_graph_sha256": source, "compiler_sha256": build["compiler"]},
+    }
 
 
 def _options_location(spec: dict) -> Location | None:

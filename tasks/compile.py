@@ -59,6 +59,8 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     for index, stage in enumerate(pipeline.stages):
         digest, artifact = stage_module_info(stage.module)
         stages.append((index, stage, artifact, dict(shared, stage_source=digest)))
+    compiler_digest = digest_json([kiln.__version__, *(p["stage_source"] for *_, p in stages)])
+    first_artifact = stages[0][2]
     options_memo: dict[tuple[str | None, str], tuple[dict, str]] = {}
     stamps = ConfigStamps(project.state_dir / "config")
     for inst in instances if instances is not None else project.instances:
@@ -88,6 +90,14 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 "artifact": artifact,
                 "dumps": stage_dumps,
             }
+            if index == len(stages) - 1:
+                # what the binary records about its own making (see tasks/actions.py)
+                spec["build"] = {
+                    "graph": f"{out_dir}/{first_artifact}",
+                    "kernel": inst.source.path,
+                    "shapes": inst.shape_set,
+                    "compiler": compiler_digest,
+                }
             parts = dict(base_parts, options=options_digest)
             if stage_dumps:
                 parts["dumps"] = digest_json(stage_dumps)
