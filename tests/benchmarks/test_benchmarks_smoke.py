@@ -1,0 +1,66 @@
+"""The schedule-quality and compile-scaling benchmarks run (with --quick) and print their figures.
+
+No timing is asserted: only that each benchmark finishes and reports
+every figure it promises, in the form its README describes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+NUMBER = r"\d+(?:\.\d+)?"
+
+
+def run_benchmark(name: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / name), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stdout
+
+
+def test_schedule_quality_quick_prints_a_row_per_kernel_and_the_geomeans():
+    out = run_benchmark("schedule_quality.py", "--quick")
+    header = next(line for line in out.splitlines() if line.startswith("kernel"))
+    for column in ("size", "instrs", "lower bound", "critical-path", "in-order"):
+        assert column in header, header
+    for kernel in ("vector_add", "gemm", "softmax", "layernorm", "row_max"):
+        assert re.search(rf"^{kernel}\s+\S+\s+\d+\s+\d+\s+{NUMBER}\s+{NUMBER}$", out, re.M), out
+    assert re.search(rf"^geomean\s+\d+\s+\d+\s+{NUMBER}\s+{NUMBER}$", out, re.M), out
+    match = re.search(
+        rf"geomean makespan / lower bound: critical-path ({NUMBER}) \(target <= 1\.10: "
+        rf"(PASS|FAIL)\), in-order ({NUMBER})",
+        out,
+    )
+    assert match, out
+    assert float(match[1]) >= 1.0 and float(match[3]) >= 1.0  # a ratio to a lower bound
+
+
+def test_schedule_quality_on_the_tiny_machine():
+    out = run_benchmark("schedule_quality.py", "--quick", "--machine", "npu-tiny")
+    assert "schedule quality on npu-tiny" in out and "geomean makespan / lower bound" in out
+
+
+def test_compile_scaling_quick_prints_both_series_and_both_targets():
+    out = run_benchmark("compile_scaling.py", "--quick")
+    assert "series 1: default tiles" in out and "series 2: small tiles" in out, out
+    for stage in ("trace", "visa", "lir", "schedule", "edf"):
+        assert stage in out
+    rows = re.findall(
+        rf"^\s*(\d+)\^3\s+(\d+)(?:\s+{NUMBER}){{6}}\s+\({NUMBER}\)\s+{NUMBER}$", out, re.M
+    )
+    assert [n for n, _ in rows] == ["64", "128"] * 2, out
+    assert int(rows[3][1]) > int(rows[1][1])  # small tiles: more instructions
+    assert len(re.findall(r"time per instruction max/min across sizes: \d+\.\d+x", out)) == 2
+    assert len(re.findall(r"full pipeline, gemm 128\^3: \d+\.\d+ s", out)) == 2
+    assert re.search(r"judged: time per instruction on series 2 .*: \d+\.\d+x", out), out
+    assert re.search(r"full gemm 128 pipeline on series 1 \(default tiles\): \d+\.\d+ s", out)
