@@ -376,14 +376,33 @@ def broken_proj(base, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def broken_run(broken_proj) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    """Every broken kernel's trace in one run: doit's ``--continue``, passed through by `kiln`.
+
+    One process instead of one per kernel (numpy is imported once); the
+    diagnostics are the same ones `kiln compile KERNEL` prints. Returns the
+    process and each failed task's message block.
+    """
+    tasks = [f"compile:{kernel}.default.trace" for kernel, *_ in BROKEN_CASES]
+    proc = run_kiln(broken_proj, "--continue", *tasks)
+    blocks = {}
+    for chunk in proc.stderr.split("FAILED ")[1:]:
+        name, _, body = chunk.partition("\n")
+        blocks[name] = body
+    return proc, blocks
+
+
 @pytest.mark.parametrize(
     "kernel, file, tag, fragments", BROKEN_CASES, ids=[c[0] for c in BROKEN_CASES]
 )
 def test_broken_kernel_names_its_file_line_and_source(
-    broken_proj, built, kernel, file, tag, fragments
+    broken_run, broken_proj, built, kernel, file, tag, fragments
 ):
-    proc = run_kiln(broken_proj, "compile", kernel)
-    out = assert_clean_failure(proc, 1)  # the pipeline is fine: a failed build
+    proc, blocks = broken_run
+    assert_clean_failure(proc, 1)  # the pipeline is fine: a failed build
+    out = blocks.get(f"compile:{kernel}.default.trace")
+    assert out is not None, proc.stdout + proc.stderr
     source = BROKEN if file == "broken.py" else BROKEN_IMPORT
     line, text = marked(source, tag)
     head = header(out)
@@ -392,8 +411,24 @@ def test_broken_kernel_names_its_file_line_and_source(
     assert f"| {text}" in out, out  # the kernel's own source line, as written
     for fragment in fragments:
         assert fragment in out, out
-    assert f"FAILED compile:{kernel}." in out and ".trace" in out, out
     assert "kiln/lang" not in out and "tracer.py" not in out, out  # no compiler frames
+    assert_nothing_lost(broken_proj, built)
+
+
+def test_every_broken_kernel_fails_and_is_counted(broken_run):
+    proc, blocks = broken_run
+    n = len(BROKEN_CASES)
+    assert len(blocks) == n
+    assert f"kiln: {n} tasks: 0 ran, 0 up to date, {n} failed" in proc.stdout
+
+
+def test_broken_kernel_through_kiln_compile(broken_proj, built):
+    out = assert_clean_failure(run_kiln(broken_proj, "compile", "bk_python_if"), 1)
+    line, text = marked(BROKEN, "bk_python_if")
+    assert "FAILED compile:bk_python_if.default.trace" in out, out
+    assert f"broken.py:{line}:8: error: data-dependent control flow is not supported" in out
+    assert f"| {text}\n  |        ^" in out, out
+    assert "kiln: 1 tasks: 0 ran, 0 up to date, 1 failed" in out
     assert_nothing_lost(broken_proj, built)
 
 
@@ -450,12 +485,7 @@ def test_failing_build_keeps_every_artifact_built_before(proj, built):
     assert "FAILED compile:softmax.small.trace" in out, out
     assert f"normalization.py:{at + 2}:" in out and "inner dimensions differ" in out, out
     assert "|     x = x @ x  # <- broken on purpose" in out, out
-    now = snapshot(proj)
-    assert now == built  # every file, its bytes and its mtime: untouched
-    # and the kernels that still compile build up to date from what is there
-    again = run_kiln(proj, "compile", "vector_add", "gemm")
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert_nothing_lost(proj, built)
+    assert snapshot(proj) == built  # every file, its bytes and its mtime: untouched
 
 
 # -- (c) stage errors -------------------------------------------------------------------
@@ -479,6 +509,19 @@ def test_tile_larger_than_sram_names_kernel_tile_and_bytes(proj, built):
     assert_nothing_lost(proj, built, rebuilt=("gemm",))
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: tasks/compile.py compiles every kernel for project.machine(); a kernel's own "
+    "`machine:` (Pipeline.kernel_machine) is validated but ignored, so this builds for npu-v1",
+)
+def test_tile_larger_than_the_kernels_own_machine(proj, built):
+    tiles = "    options: {visa: {tile_m: 256, tile_n: 256, tile_k: 256}}\n"
+    edit(proj, ("  gemm:\n", "  gemm:\n    machine: npu-tiny\n" + tiles))
+    edit(proj, ("wide: {M: 32, K: 64, N: 64}", "wide: {M: 256, K: 256, N: 256}"))
+    out = assert_clean_failure(run_kiln(proj, "compile", "gemm"), 1)
+    assert "only 65536 available (machine npu-tiny)" in out, out
+
+
 def test_unknown_stage_option_lists_the_valid_ones(proj, built):
     text = edit(
         proj,
@@ -497,26 +540,9 @@ def test_unknown_stage_option_lists_the_valid_ones(proj, built):
     assert_nothing_lost(proj, built, rebuilt=("vector_add",))
 
 
-def test_stage_option_of_the_wrong_type_says_what_it_wants(proj, built):
-    edit(
-        proj,
-        (
-            "{name: schedule, module: stages.schedule}",
-            "{name: schedule, module: stages.schedule, options: {policy: random}}",
-        ),
-    )
-    out = assert_clean_failure(run_kiln(proj, "compile", "vector_add"), 1)
-    assert "unknown scheduling policy 'random'" in out, out
-    assert "expected: one of: critical-path, in-order" in out and "stages[3].options" in out, out
-    assert_nothing_lost(proj, built, rebuilt=("vector_add",))
-
-
-@pytest.mark.parametrize(
-    "kind, kernel, op", [("tensor", "gemm", "mma"), ("dma", "vector_add", "load")]
-)
-def test_machine_with_zero_units_of_a_needed_kind(proj, built, kind, kernel, op):
-    units = "units: {dma: 2, tensor: 1, vector: 2}"
-    edit(proj, (units, units.replace(f"{kind}: {2 if kind == 'dma' else 1}", f"{kind}: 0")))
+def test_machine_with_zero_units_of_a_needed_kind(proj, built):
+    kind, kernel, op = "tensor", "gemm", "mma"
+    edit(proj, ("units: {dma: 2, tensor: 1, vector: 2}", "units: {dma: 2, tensor: 0, vector: 2}"))
     out = assert_clean_failure(run_kiln(proj, "compile", kernel), 1)
     assert f"kernel {kernel}: machine npu-v1 has no {kind} units" in out, out
     assert f"needs one for {op}" in out and f"give the machine model a {kind} unit" in out, out
@@ -671,14 +697,18 @@ def test_json_diagnostic_for_a_stage_error(proj, built):
     text = edit(
         proj,
         (
-            "{name: visa, module: stages.visa}",
-            "{name: visa, module: stages.visa, options: {tile_mm: 32}}",
+            "{name: schedule, module: stages.schedule}",
+            "{name: schedule, module: stages.schedule, options: {policy: random}}",
         ),
     )
     proc = run_kiln(proj, "compile", "vector_add", "--message-format", "json")
     assert_clean_failure(proc, 1)
-    (err,) = [d for d in _json_lines(proc) if d["kind"] == "error"]
-    assert Path(err["file"]).name == "pipeline.yaml" and err["line"] == line_of(text, "tile_mm")
-    assert err["key_path"] == "stages[1].options"
-    assert "unknown option 'tile_mm'" in err["message"]
-    assert err["task"] == "compile:vector_add.small.visa"
+    diags = _json_lines(proc)
+    (err,) = [d for d in diags if d["kind"] == "error"]
+    assert Path(err["file"]).name == "pipeline.yaml" and err["line"] == line_of(text, "random")
+    assert err["key_path"] == "stages[3].options" and err["found"] == "random"
+    assert err["message"] == "unknown scheduling policy 'random'"
+    assert err["expected"] == "one of: critical-path, in-order"
+    assert err["task"] == "compile:vector_add.small.schedule"
+    assert diags[-1] == {"kind": "summary", "ran": 3, "up_to_date": 0, "failed": 1}
+    assert_nothing_lost(proj, built, rebuilt=("vector_add",))
