@@ -1,16 +1,18 @@
 """Schedule quality: makespan / lower bound of every example kernel, critical-path vs in-order.
 
-Each kernel of pipeline.yaml is traced and compiled in this process by
-calling the stage modules directly (trace -> visa -> lir), then scheduled
+Each kernel of pipeline.yaml, at its first two shape sets (its two sizes,
+e.g. small and large), is traced and compiled in this process by calling
+the stage modules directly (trace -> visa -> lir), then scheduled
 twice: with the ``critical-path`` policy and with the ``in-order``
 baseline. The lower bound and the ratio are ``kiln.summary.summarize``'s,
 so every figure matches what ``kiln compile K --dump-summary DIR`` writes.
 Prints one row per kernel and shape set, then the geomean of each column.
 Target: geomean of the critical-path ratio at most 1.10.
 
-    python benchmarks/schedule_quality.py [--machine npu-v1|npu-tiny] [--quick]
+    python benchmarks/schedule_quality.py [--machine npu-v1|npu-tiny] [--quick | --all-shapes]
 
-``--quick`` keeps only the first shape set of each kernel.
+``--quick`` keeps only the first shape set of each kernel; ``--all-shapes``
+takes every shape set (some kernels have more, for apps).
 """
 
 from __future__ import annotations
@@ -140,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--machine", default="npu-v1", help="machine model of pipeline.yaml")
     parser.add_argument("--pipeline", type=Path, default=REPO / "pipeline.yaml")
-    parser.add_argument("--quick", action="store_true", help="first shape set of each kernel only")
+    sets = parser.add_mutually_exclusive_group()
+    sets.add_argument("--quick", action="store_true", help="first shape set of each kernel only")
+    sets.add_argument("--all-shapes", action="store_true", help="every shape set of each kernel")
     args = parser.parse_args(argv)
 
     pipeline = load_pipeline(args.pipeline)
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows, failed = [], []
     for spec in pipeline.kernels:
-        sizes = spec.shape_set_names[:1] if args.quick else spec.shape_set_names
+        sizes = spec.shape_set_names[: 1 if args.quick else None if args.all_shapes else 2]
         for size in sizes:
             try:
                 rows.append(compile_row(pipeline, spec, sources[spec.name], size, machine))
