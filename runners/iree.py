@@ -30,10 +30,12 @@ from runners.iree_mlir import func_name, to_mlir
 
 MISSING_EXTRA = "the iree target needs the optional 'iree' extra: pip install 'kiln[iree]'"
 # Host-tuned llvm-cpu flags (DESIGN "Facts measured": gemm 1024 30 ms -> 11 ms).
+# O3 measured: layernorm 4096x4096 ~30% faster, softmax and gemm unchanged.
 HOST_FLAGS = (
     "--iree-llvmcpu-target-cpu=host",
     "--iree-opt-data-tiling",
     "--iree-llvmcpu-enable-ukernels=all",
+    "--iree-opt-level=O3",
 )
 # device option -> (compiler target backend, runtime driver)
 DEVICES = {
