@@ -107,11 +107,13 @@ def report(title: str, points: list[dict], judged: str) -> tuple[float, float]:
             print("  ".join("-" * w for w in widths))
     per = [p["total"] / max(p["instrs"], 1) for p in points]
     ratio = max(per) / min(per)
+    per_cpu = [p["cpu"] / max(p["instrs"], 1) for p in points]
+    ratio_cpu = max(per_cpu) / min(per_cpu)
     largest = points[-1]
     verdict = "PASS" if ratio <= RATIO_TARGET else "FAIL"
     full = "PASS" if largest["total"] < FULL_TARGET_S else "FAIL"
     print(
-        f"time per instruction max/min across sizes: {ratio:.2f}x "
+        f"time per instruction max/min across sizes: {ratio:.2f}x (cpu time: {ratio_cpu:.2f}x) "
         f"(target <= {RATIO_TARGET}x: {verdict}{'' if judged == 'ratio' else ', not judged here'})"
     )
     print(
