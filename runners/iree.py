@@ -44,6 +44,7 @@ DEVICES = {
     "rocm": ("rocm", "hip"),
 }
 DIAGNOSTIC_LINES = 12
+_OPTION_TYPES = {"opt": bool, "device_index": int, "cuda_target": str, "rocm_target": str}
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,16 @@ class IreeOptions:
         if isinstance(flags, str) or not all(isinstance(f, str) for f in flags):
             raise TargetError("iree option 'flags' must be a list of strings", found=repr(flags))
         values["flags"] = tuple(flags)
+        for key, kind in _OPTION_TYPES.items():
+            value = values.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+                raise TargetError(
+                    f"iree option {key!r} has the wrong type",
+                    expected=kind.__name__,
+                    found=repr(value),
+                )
         return IreeOptions(**values)
 
     def compiler_flags(self) -> list[str]:

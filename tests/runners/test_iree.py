@@ -351,8 +351,8 @@ def test_flags_are_part_of_the_cache_key(runner):
 
 
 def test_time_returns_one_sample_per_iteration(runner):
-    graph = _small_graph("timed")
-    prepared = runner.prepare(KernelArtifacts("timed", graph, Path(".")))
+    graph = _small_graph("shared")  # compiled once for this test and the next
+    prepared = runner.prepare(KernelArtifacts(graph.name, graph, Path(".")))
     samples = runner.time(prepared, random_inputs(graph), iters=4, warmup=1)
     assert len(samples) == 4 and all(s > 0 for s in samples)
 
@@ -368,8 +368,8 @@ def test_compile_failure_names_diagnostics_and_dump_hint(runner):
 
 
 def test_wrong_input_shape_is_a_target_error(runner):
-    graph = _small_graph("shape")
-    prepared = runner.prepare(KernelArtifacts("shape", graph, Path(".")))
+    graph = _small_graph("shared")
+    prepared = runner.prepare(KernelArtifacts(graph.name, graph, Path(".")))
     with pytest.raises(TargetError, match="wrong shape"):
         runner.run(prepared, [np.zeros((8, 4), np.float32)])
 
@@ -380,6 +380,16 @@ def test_unknown_option_lists_the_valid_ones():
     with pytest.raises(TargetError) as info:
         _ = IreeRunner({"devcie": "cuda"}).config
     assert "devcie" in info.value.render() and "device" in info.value.expected
+
+
+@pytest.mark.parametrize(
+    "options", [{"opt": "no"}, {"device_index": "1"}, {"flags": "-O3"}, {"device": "tpu"}]
+)
+def test_malformed_options_are_target_errors(options):
+    from runners.iree import IreeRunner
+
+    with pytest.raises(TargetError, match="iree"):
+        _ = IreeRunner(options).config
 
 
 def test_missing_iree_extra_says_how_to_install(monkeypatch):
