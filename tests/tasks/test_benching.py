@@ -164,3 +164,41 @@ def test_time_runner_prefers_the_runners_own_timing():
     runner = DeviceTimed()
     assert time_runner(runner, None, [], iters=4, warmup=9) == [0.5] * 4
     assert runner.calls == 0
+
+
+def test_targets_benchmark_quick_smoke(tmp_path):
+    """benchmarks/targets.py --quick prints every figure and target line (no timing asserts)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "targets.py"),
+            "--quick",
+            "--repeat",
+            "1",
+            "--warmup",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for name in ("gemm 64^3", "softmax 64x128", "layernorm 64x128"):
+        line = next(
+            x for x in out.splitlines() if x.startswith(f"iree-cpu {name}") and "target" in x
+        )
+        if HAS_IREE:
+            assert " ms vs " in line and ("met" in line or "MISSED" in line)
+        else:
+            assert "unavailable" in line
+    assert "target <= 1.5x numpy" in out and "target < 1x numpy (faster)" in out
+    assert "LIR instructions; execute" in out
+    sim = [x for x in out.splitlines() if x.startswith("sim ") and "instr/s" in x]
+    assert len(sim) == 2 and all("target >= 50,000/s" in x for x in sim)

@@ -1,0 +1,212 @@
+"""Execution targets against their performance targets (issue 4), in one run.
+
+1. iree-cpu vs numpy, f32, median of ``--repeat`` calls after ``--warmup``:
+   gemm 1024x1024x1024, softmax 4096x4096, layernorm 4096x4096. Inputs are
+   made once; IREE is timed with the runner's own ``time`` (inputs handed to
+   the device once, invoke only), numpy with the same loop around plain numpy
+   code. Targets: iree-cpu at most 1.5x numpy on gemm, faster than numpy on
+   softmax and layernorm. Each IREE result is checked against numpy first.
+2. sim throughput: LIR instructions per second on a kernel with many
+   instructions (layernorm 256x1024 on npu-tiny, ~16k instructions), both
+   for executing (``SimRunner.run``) and end to end (read + checksum +
+   decode + schedule/race/bounds checks + execute). Target: 50k/s.
+
+    python benchmarks/targets.py [--quick] [--repeat N] [--warmup N] [--check]
+
+``--quick`` uses small sizes (a smoke test, not a measurement). ``--check``
+exits 1 when a target is missed. The IREE compile cache is
+``$KILN_CACHE_DIR`` (default ``~/.cache/kiln``), so a second run skips
+compiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+SIZES = {  # mode -> (gemm n, rows, cols, sim layernorm rows, cols)
+    "full": (1024, 4096, 4096, 256, 1024),
+    "quick": (64, 64, 128, 8, 128),
+}
+SIM_TARGET = 50_000  # LIR instructions per second
+LAYERNORM_EPS = 1e-5
+
+
+@dataclass
+class Row:
+    what: str
+    value: str
+    target: str
+    met: bool | None  # None: not measured
+
+
+def numpy_softmax(x):
+    s = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(s)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def numpy_layernorm(x, gamma, beta):
+    mean = x.mean(axis=-1, keepdims=True)
+    c = x - mean
+    var = (c * c).mean(axis=-1, keepdims=True)
+    return c * (1.0 / np.sqrt(var + LAYERNORM_EPS)) * gamma + beta
+
+
+def median_seconds(fn, repeat: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def iree_vs_numpy(sizes, repeat: int, warmup: int) -> list[Row]:
+    from kernels import linalg, normalization
+    from kiln.compare import compare
+    from kiln.inputs import random_inputs
+    from kiln.lang import trace
+    from runners.base import KernelArtifacts
+    from runners.iree import IreeRunner
+    from tasks.benching import time_runner
+
+    n, rows, cols = sizes[:3]
+    cases = [
+        ("gemm", linalg.gemm, {"M": n, "K": n, "N": n}, lambda a, b: a @ b, 1.5, f"{n}^3"),
+        ("softmax", normalization.softmax, {"R": rows, "C": cols}, numpy_softmax, 1.0, ""),
+        ("layernorm", normalization.layernorm, {"R": rows, "C": cols}, numpy_layernorm, 1.0, ""),
+    ]
+    runner = IreeRunner(options={"device": "llvm-cpu"})
+    reason = runner.unavailable()
+    if reason:
+        return [Row(f"iree-cpu {name}", f"unavailable: {reason}", "", None) for name, *_ in cases]
+    out = []
+    for name, fn, bindings, reference, limit, label in cases:
+        graph = trace(fn, bindings, "f32")
+        shape = label or "x".join(str(d) for d in bindings.values())
+        inputs = random_inputs(f"targets.{name}", [(a.shape, a.dtype) for a in graph.args])
+        start = time.perf_counter()
+        prepared = runner.prepare(KernelArtifacts(graph.name, graph, REPO, None))
+        prepare_s = time.perf_counter() - start
+        want = reference(*inputs)
+        got = runner.run(prepared, inputs).outputs[0]
+        check = compare(0, want, got, "f32", {"rtol": 1e-3, "atol": 1e-3})
+        if not check.ok:
+            print(f"warning: iree-cpu {name} differs from numpy: {check.describe()}")
+        iree_s = statistics.median(time_runner(runner, prepared, inputs, repeat, warmup))
+        numpy_s = median_seconds(lambda r=reference, i=inputs: r(*i), repeat, warmup)
+        ratio = iree_s / numpy_s
+        print(
+            f"iree-cpu {name} {shape}: iree {iree_s * 1e3:.2f} ms, numpy {numpy_s * 1e3:.2f} ms, "
+            f"iree/numpy {ratio:.2f}  (prepare {prepare_s:.2f} s, "
+            f"{prepared.metrics.get('cache')}, max abs err vs numpy {check.max_abs:.2g})",
+            flush=True,
+        )
+        want_text = f"<= {limit:g}x numpy" if limit != 1.0 else "< 1x numpy (faster)"
+        met = ratio <= limit if limit != 1.0 else ratio < 1.0
+        out.append(
+            Row(
+                f"iree-cpu {name} {shape}",
+                f"{iree_s * 1e3:.2f} ms vs {numpy_s * 1e3:.2f} ms = {ratio:.2f}x",
+                want_text,
+                met and check.ok,
+            )
+        )
+    return out
+
+
+def sim_throughput(sizes, repeat: int) -> list[Row]:
+    import yaml
+
+    from kernels import normalization
+    from kiln.inputs import random_inputs
+    from kiln.ir.edf import encode
+    from kiln.lang import trace
+    from runners.base import KernelArtifacts
+    from runners.sim import SimRunner
+    from stages import edf, lir, schedule, visa
+
+    rows, cols = sizes[3:]
+    machines = yaml.safe_load((REPO / "pipeline.yaml").read_text())["machines"]
+    machine = {"name": "npu-tiny", **machines["npu-tiny"]}
+    graph = trace(normalization.layernorm, {"R": rows, "C": cols}, "f32")
+    start = time.perf_counter()
+    ir = graph
+    for stage in (visa, lir, schedule, edf):
+        ir = stage.run(ir, stage.Options(), machine)
+    compile_s = time.perf_counter() - start
+    inputs = random_inputs("targets.sim", [(a.shape, a.dtype) for a in graph.args])
+    runner = SimRunner(machine=machine)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.edf"
+        path.write_bytes(encode(ir))
+        artifacts = KernelArtifacts(graph.name, graph, Path(tmp), path)
+        run_s, total_s = [], []
+        for _ in range(max(1, repeat)):
+            start = time.perf_counter()
+            prepared = runner.prepare(artifacts)
+            t_run = time.perf_counter()
+            runner.run(prepared, inputs)
+            end = time.perf_counter()
+            run_s.append(end - t_run)
+            total_s.append(end - start)
+    n = len(prepared.scheduled.program.instrs)
+    execute, whole = statistics.median(run_s), statistics.median(total_s)
+    print(
+        f"sim layernorm {rows}x{cols} on npu-tiny: {n} LIR instructions; execute "
+        f"{execute:.3f} s = {n / execute:,.0f}/s; prepare+execute {whole:.3f} s = "
+        f"{n / whole:,.0f}/s  (compile {compile_s:.2f} s)",
+        flush=True,
+    )
+    return [
+        Row(
+            f"sim execute ({n} instrs)",
+            f"{n / execute:,.0f} instr/s ({execute:.3f} s)",
+            f">= {SIM_TARGET:,}/s",
+            n / execute >= SIM_TARGET,
+        ),
+        Row(
+            f"sim prepare+execute ({n} instrs)",
+            f"{n / whole:,.0f} instr/s ({whole:.3f} s)",
+            f">= {SIM_TARGET:,}/s",
+            n / whole >= SIM_TARGET,
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
+    p.add_argument("--repeat", type=int, default=None, help="timed calls (median)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = p.parse_args(argv)
+    sizes = SIZES["quick" if args.quick else "full"]
+    repeat = args.repeat or (3 if args.quick else 20)
+    print(f"benchmarks/targets.py ({'quick' if args.quick else 'full'}; median of {repeat})")
+    results = iree_vs_numpy(sizes, repeat, args.warmup) + sim_throughput(sizes, min(repeat, 3))
+    width = max(len(r.what) for r in results)
+    print()
+    for r in results:
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[r.met]
+        print(f"{r.what:<{width}}  {r.value:<36} target {r.target:<22} {verdict}")
+    missed = [r for r in results if r.met is False]
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
