@@ -76,15 +76,20 @@ def compare(
         return result
     e = expected.astype(np.float64)
     a = actual.astype(np.float64)
-    both_nan = np.isnan(e) & np.isnan(a)
     with np.errstate(invalid="ignore", over="ignore"):
-        err = np.where(both_nan, 0.0, np.abs(a - e))
+        # Non-finite expected values must be matched exactly (NaN by NaN, +inf by +inf);
+        # the tolerance only applies where the oracle is finite.
+        finite = np.isfinite(e)
+        same = (np.isnan(e) & np.isnan(a)) | (~finite & (a == e))
+        err = np.where(same, 0.0, np.abs(a - e))
         err = np.where(np.isnan(err), np.inf, err)
-        rel = err / np.maximum(np.abs(e), np.finfo(np.float64).tiny)
-        bad = err > atol + rtol * np.abs(e)
+        allowed = np.where(finite, atol + rtol * np.abs(e), 0.0)
+        bad = err > allowed
+        rel = err / np.maximum(np.abs(np.where(finite, e, 1.0)), np.finfo(np.float64).tiny)
     if e.size == 0:
         return result
-    excess = np.where(bad, err - (atol + rtol * np.abs(e)), -np.inf)
+    with np.errstate(invalid="ignore"):
+        excess = np.where(bad, err - allowed, -np.inf)
     worst = np.unravel_index(int(np.argmax(excess if bad.any() else err)), e.shape)
     result.max_abs = float(err.max())
     result.max_rel = float(np.where(err == 0, 0.0, rel).max())

@@ -28,7 +28,7 @@ class NpuRunner(Runner):
         if _plugin() is None:
             return (
                 "no hardware runner plugin is installed (entry-point group 'kiln.runners', "
-                "name 'npu')"
+                "name 'npu'); run on the simulator instead: --target sim"
             )
         return None
 

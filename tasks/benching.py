@@ -94,11 +94,15 @@ def _fmt(v) -> str:
 
 
 def run_bench(project, args) -> int:
+    import contextlib
+    import sys
+
     from kiln.commands import _select
     from tasks.running import build
 
     instances = _select(project, args.filters)
-    build(project, instances)
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the table/CSV/JSON
+        build(project, instances)
     rows = bench_rows(project, instances, args.target, args.iter, args.warmup, args.device)
     print(render(rows, args.output_format), end="")
     return 0

@@ -41,4 +41,4 @@ def write_dump(project: Project, inst: KernelInstance, kind: str, path: Path) ->
     module = importlib.import_module(stage.module)
     ir = module.read(Path(stage_artifact(inst, stage.module)))
     path.parent.mkdir(parents=True, exist_ok=True)
-    module.DUMPS[kind](ir, path, project.machine())
+    module.DUMPS[kind](ir, path, project.kernel_machine(inst.kernel))

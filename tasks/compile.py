@@ -52,13 +52,14 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     depend on the instance is computed once per stage, not once per task.
     """
     pipeline = project.pipeline
-    machine = project.machine()
     root, pipeline_path = str(project.root), str(project.pipeline_path)
-    shared = {"machine": digest_json(machine), "version": kiln.__version__}
     stages = []
     for index, stage in enumerate(pipeline.stages):
         digest, artifact = stage_module_info(stage.module)
-        stages.append((index, stage, artifact, dict(shared, stage_source=digest)))
+        stages.append(
+            (index, stage, artifact, {"version": kiln.__version__, "stage_source": digest})
+        )
+    machines: dict[str | None, tuple[dict | None, str]] = {}
     compiler_digest = digest_json([kiln.__version__, *(p["stage_source"] for *_, p in stages)])
     first_artifact = stages[0][2]
     options_memo: dict[tuple[str | None, str], tuple[dict, str]] = {}
@@ -66,7 +67,12 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     for inst in instances if instances is not None else project.instances:
         sources = project.discovery.source_files(inst.source.module)
         dumps = instance_dumps(project, inst) if pipeline.dumps else {}
-        own = inst.kernel if pipeline.kernel(inst.kernel).options else None
+        kernel_spec = pipeline.kernel(inst.kernel)
+        own = inst.kernel if kernel_spec.options else None
+        if kernel_spec.machine not in machines:
+            model = project.kernel_machine(inst.kernel)
+            machines[kernel_spec.machine] = (model, digest_json(model))
+        machine, machine_digest = machines[kernel_spec.machine]
         out_dir = str(inst.out_dir)
         previous: str | None = None
         previous_module: str | None = None
@@ -98,7 +104,7 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                     "shapes": inst.shape_set,
                     "compiler": compiler_digest,
                 }
-            parts = dict(base_parts, options=options_digest)
+            parts = dict(base_parts, options=options_digest, machine=machine_digest)
             if stage_dumps:
                 parts["dumps"] = digest_json(stage_dumps)
             if previous is None:

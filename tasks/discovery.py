@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import ast
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,7 @@ class ModuleInfo:
     kernels: tuple[KernelSource, ...]
     imports: tuple[str, ...]  # dotted names this module imports (absolute)
     syntax_error: str | None = None
+    syntax_error_at: tuple[int | None, int | None, str | None] | None = None
 
 
 def _is_device_decorator(node: ast.expr) -> bool:
@@ -88,7 +89,8 @@ def scan_module(module: str, file: Path) -> ModuleInfo:
     try:
         tree = ast.parse(file.read_bytes(), filename=str(file))
     except SyntaxError as exc:
-        return ModuleInfo(module, str(file), (), (), f"{exc.msg} (line {exc.lineno})")
+        where = (exc.lineno, exc.offset, (exc.text or "").rstrip("\n") or None)
+        return ModuleInfo(module, str(file), (), (), f"{exc.msg} (line {exc.lineno})", where)
     kernels = []
     imports: list[str] = []
     is_package = file.name == "__init__.py"
@@ -224,6 +226,7 @@ def _info_to_json(info: ModuleInfo) -> dict:
         ],
         "imports": list(info.imports),
         "syntax_error": info.syntax_error,
+        "syntax_error_at": list(info.syntax_error_at) if info.syntax_error_at else None,
     }
 
 
@@ -238,6 +241,12 @@ def _info_from_json(data: dict) -> ModuleInfo:
         )
         for name, line, params in data["kernels"]
     )
+    at = data.get("syntax_error_at")
     return ModuleInfo(
-        data["module"], data["file"], kernels, tuple(data["imports"]), data.get("syntax_error")
+        data["module"],
+        data["file"],
+        kernels,
+        tuple(data["imports"]),
+        data.get("syntax_error"),
+        tuple(at) if at else None,
     )

@@ -75,16 +75,26 @@ class Project:
             return None
         return {"name": name, **self.pipeline.machines[name]}
 
+    def kernel_machine(self, kernel: str) -> dict | None:
+        """The machine a kernel compiles for: its own ``machine:``, else the default."""
+        return self.machine(self.pipeline.kernel(kernel).machine)
+
     # -- kernels --------------------------------------------------------
     def _resolve_kernels(self) -> dict[str, KernelSource]:
-        modules = self.discovery.scan_packages(self.pipeline.packages)
+        modules = []
+        for index, package in enumerate(self.pipeline.packages):
+            infos = self.discovery.scan_packages((package,))
+            if not infos:
+                raise PipelineError(
+                    f"kernel package {package!r} was not found",
+                    location=self.pipeline.locate(f"packages[{index}]", value=True),
+                    expected=f"a package directory or module under {self.root}",
+                    found=package,
+                )
+            modules.extend(infos)
         for info in modules:
             if info.syntax_error:
-                raise PipelineError(
-                    f"kernel module {info.module} cannot be parsed: {info.syntax_error}",
-                    location=None,
-                    hint=f"fix {info.file}",
-                )
+                raise _syntax_error(info)
         found: dict[str, list[KernelSource]] = {}
         for info in modules:
             for k in info.kernels:
@@ -197,3 +207,15 @@ class Project:
     def trace_dtypes(self, kernel: str) -> tuple[str, dict[str, str]]:
         spec = self.pipeline.kernel(kernel)
         return spec.dtype, dict(spec.dtypes)
+
+
+def _syntax_error(info) -> PipelineError:
+    """A kernel module that does not parse: point at its own line."""
+    from kiln.errors import Location
+
+    line, column, text = info.syntax_error_at or (None, None, None)
+    return PipelineError(
+        f"kernel module {info.module} cannot be parsed: {info.syntax_error}",
+        location=Location(info.file, line, column, source=text),
+        hint="fix the syntax error; kernels are found by reading their source",
+    )

@@ -18,6 +18,14 @@ def default_targets(project: Project) -> list[str]:
     return [t.name for t in project.pipeline.targets if t.runner != "cpu"]
 
 
+def merged_tolerance(project: Project, target: str, kernel_tolerance: dict | None):
+    """Per-dtype defaults, overridden by the target's tolerance, then by the kernel's."""
+    spec = next((t for t in project.pipeline.targets if t.name == target), None)
+    merged = dict(spec.tolerance or {}) if spec is not None else {}
+    merged.update(kernel_tolerance or {})
+    return merged or None
+
+
 def check_instance(
     project: Project, inst: KernelInstance, targets: list[str], seed: int = 0
 ) -> list[dict]:
@@ -32,10 +40,11 @@ def check_instance(
     inputs = random_inputs(inst.name, [(a.shape, a.dtype) for a in graph.args], seed)
     oracle = CpuRunner()
     expected = oracle.run(oracle.prepare(artifacts), inputs).outputs
-    tolerance = project.pipeline.kernel(inst.kernel).tolerance
+    kernel_tolerance = project.pipeline.kernel(inst.kernel).tolerance
     reports = []
     for target in targets:
         runner = make_runner(project, target)
+        tolerance = merged_tolerance(project, target, kernel_tolerance)
         report = {"kernel": inst.name, "path": inst.source.path, "target": target, "seed": seed}
         reason = runner.unavailable()
         if reason:

@@ -227,11 +227,6 @@ def test_there_are_at_least_20_malformed_pipelines():
     assert len(BAD_PIPELINES) >= 20 and len({c.id for c in BAD_PIPELINES}) == len(BAD_PIPELINES)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a package that does not exist is not reported at packages[0]; the error "
-    "blames the first kernel instead (tasks/discovery.py scan_packages finds nothing)",
-)
 def test_missing_package_is_reported_at_packages(proj, built):
     edit(proj, ("packages: [kernels]", "packages: [kernelz]"))
     out = assert_clean_failure(run_kiln(proj, "compile"), 2)
@@ -459,11 +454,6 @@ def test_syntax_error_in_kernel_module_names_file_and_line(proj, built):
     assert_nothing_lost(proj, built)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: tasks/project.py raises the discovery syntax error with location=None, so "
-    "the message has no file:line header, no source text and JSON has file/line null",
-)
 def test_syntax_error_in_kernel_module_shows_the_source_line(proj):
     root = _syntax_project(proj)
     out = assert_clean_failure(run_kiln(root, "compile", "bk_syntax"), 2)
@@ -509,11 +499,6 @@ def test_tile_larger_than_sram_names_kernel_tile_and_bytes(proj, built):
     assert_nothing_lost(proj, built, rebuilt=("gemm",))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: tasks/compile.py compiles every kernel for project.machine(); a kernel's own "
-    "`machine:` (Pipeline.kernel_machine) is validated but ignored, so this builds for npu-v1",
-)
 def test_tile_larger_than_the_kernels_own_machine(proj, built):
     tiles = "    options: {visa: {tile_m: 256, tile_n: 256, tile_k: 256}}\n"
     edit(proj, ("  gemm:\n", "  gemm:\n    machine: npu-tiny\n" + tiles))

@@ -95,12 +95,6 @@ def test_cli_without_a_plugin_reports_the_missing_plugin_without_a_traceback(pro
         assert "Traceback" not in proc.stdout + proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kiln test reports an npu target without a plugin as SKIPPED with "
-    "NpuRunner.unavailable()'s reason, which names the missing plugin but does not suggest "
-    "--target sim (the issue asks for both; prepare()'s error has the hint)",
-)
 def test_the_skip_reason_kiln_test_prints_suggests_sim(monkeypatch):
     use_entry_points(monkeypatch, SELF)
     assert "--target sim" in NpuRunner().unavailable()

@@ -67,11 +67,6 @@ def test_sim_reports_cycles_and_microseconds_as_json(sim_json):
         assert isinstance(r["instructions"], int) and r["instructions"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kiln bench prints the build summary ('kiln: N tasks: ...') on stdout before the "
-    "JSON/CSV, so `kiln bench --output-format json | jq` does not parse",
-)
 def test_machine_readable_output_is_alone_on_stdout(sim_json):
     json.loads(sim_json)
 
