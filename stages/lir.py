@@ -52,9 +52,10 @@ class _Live:
 
 
 class _NoFit(Exception):
-    def __init__(self, buf: _Live, largest: int):
+    def __init__(self, buf: _Live, largest: int, live: list[tuple[str, int]]):
         self.buf = buf
         self.largest = largest
+        self.live = live  # (buffer, bytes) allocated at that point
 
 
 def _liveness(program: visa.Program) -> tuple[dict[str, list[int]], dict[str, int]]:
@@ -73,13 +74,13 @@ def _liveness(program: visa.Program) -> tuple[dict[str, list[int]], dict[str, in
 
 def _first_fit(lives: list[_Live], capacity: int) -> dict[str, int]:
     """Base address per buffer; raises _NoFit with the first buffer that does not fit."""
-    active: list[tuple[int, int, int]] = []  # (addr, end, last), sorted by addr
+    active: list[tuple[int, int, int, str]] = []  # (addr, end, last, name), sorted by addr
     addrs: dict[str, int] = {}
     for live in sorted(lives, key=lambda b: (b.first, b.last, b.name)):
         active = [a for a in active if a[2] >= live.first]
         size = live.slot * live.copies
         cursor, placed, largest = 0, None, 0
-        for addr, end, _ in active:
+        for addr, end, _, _ in active:
             if addr - cursor >= size:
                 placed = cursor
                 break
@@ -88,10 +89,10 @@ def _first_fit(lives: list[_Live], capacity: int) -> dict[str, int]:
         if placed is None:
             largest = max(largest, capacity - cursor)
             if cursor + size > capacity:
-                raise _NoFit(live, max(largest, 0))
+                raise _NoFit(live, max(largest, 0), [(a[3], a[1] - a[0]) for a in active])
             placed = cursor
         addrs[live.name] = placed
-        active.append((placed, placed + size, live.last))
+        active.append((placed, placed + size, live.last, live.name))
         active.sort()
     return addrs
 
@@ -116,14 +117,18 @@ def _allocate(program: visa.Program, options: Options, machine: dict):
         try:
             addrs = _first_fit(lives, capacity)
         except _NoFit as exc:
-            failure = failure or exc
+            failure = exc  # the last tier (least double-buffering) is the one to report
             continue
         return addrs, {b.name: b.slot for b in lives}, twice
     need = failure.buf.slot
     raise StageError(
-        f"kernel {program.kernel}: tile {failure.buf.name} needs {need} bytes of SRAM, "
+        f"kernel {program.kernel}: tile %{failure.buf.name} needs {need} bytes of SRAM, "
         f"only {failure.largest} available (machine {machine.get('name', '?')})",
         hint="reduce the visa stage's tile options (tile_m, tile_n, tile_k, vector_tile)",
+        notes=[
+            "live in SRAM then: "
+            + (", ".join(f"%{n} ({b} bytes)" for n, b in failure.live) or "nothing")
+        ],
     )
 
 

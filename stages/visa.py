@@ -53,12 +53,12 @@ def _tiles(options: Options, machine: dict) -> _Tiles:
     for key in ("tile_m", "tile_n", "tile_k", "vector_tile"):
         if getattr(options, key) < 0:
             raise StageError(f"option {key!r} of stage 'visa' must be >= 0")
-    tm, tn, tk = (int(d) for d in machine["tensor"]["tile"])
-    sram = int(machine["sram_bytes"])
+    tm, tn, tk = (int(d) for d in machine.get("tensor", {}).get("tile", (32, 32, 32)))
+    sram = int(machine.get("sram_bytes", 1 << 20))
     f = 4
     while f > 1 and 4 * f * f * (2 * (tm * tk + tk * tn) + 2 * tm * tn) > sram // 2:
         f //= 2
-    lanes = int(machine["vector"]["lanes"])
+    lanes = int(machine.get("vector", {}).get("lanes", 64))
     vector = options.vector_tile or max(lanes, min(lanes * 64, sram // 256))
     return _Tiles(
         options.tile_m or tm * f, options.tile_n or tn * f, options.tile_k or tk * f, vector
@@ -629,12 +629,12 @@ def read(path: str | Path) -> visa.Program:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"cannot read vISA file {path}: {exc}") from None
+        raise ArtifactError(f"cannot read vISA artifact: {exc}", Location(str(path))) from None
     try:
         return visa.parse(text)
     except visa.VisaParseError as exc:
         raise ArtifactError(
-            f"{path}: malformed vISA at line {exc.line}",
+            f"malformed vISA at line {exc.line}",
             location=Location(str(path), exc.line, source=exc.source),
             expected=exc.expected,
             found=exc.found,

@@ -326,7 +326,7 @@ def _parse_instr(line: _Line, text: str) -> Instr:
         while pos < len(part.rstrip()):
             m = _TOKEN.match(part, pos)
             if m is None or m.end() == pos:
-                raise line.fail(_OPERAND_FORMS, part[pos:].strip())
+                raise line.fail(_OPERAND_FORMS, part[pos:].split()[0])
             pos = m.end()
             if m["attr"]:
                 if is_dst:
