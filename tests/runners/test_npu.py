@@ -91,6 +91,7 @@ def test_cli_without_a_plugin_reports_the_missing_plugin_without_a_traceback(pro
     test = run_kiln(project, "test", "vector_add", "--target", "board")
     assert test.returncode == 0
     assert "SKIPPED vector_add.small @ board: no hardware runner plugin" in test.stdout
+    assert "--target sim" in test.stdout
     for proc in (run, test):
         assert "Traceback" not in proc.stdout + proc.stderr
 

@@ -187,8 +187,7 @@ def test_doit_test_tasks_run_through_the_kiln_command(project):
 
 
 def test_a_target_tolerance_in_the_pipeline_is_honoured(project):
-    """docs/pipeline.md documents `targets.<name>.tolerance`; check_instance ignores it."""
-
+    """`targets.<name>.tolerance` loosens every kernel on that target (a kernel's own wins)."""
     use_bad_visa(project)
     edit(
         project,
@@ -198,3 +197,6 @@ def test_a_target_tolerance_in_the_pipeline_is_honoured(project):
     proc = run_kiln(project, "test", "vector_add", "--target", "sim")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS    vector_add.small @ sim" in proc.stdout
+    set_kernel_tolerance(project, "vector_add", "{atol: 0.001}")
+    tighter = run_kiln(project, "test", "vector_add", "--target", "sim")
+    assert tighter.returncode == 1 and "(rtol 0, atol 0.001)" in tighter.stdout
