@@ -1,0 +1,289 @@
+"""The visa stage: what gets fused, tiled and stored; options; errors; artifacts and dumps.
+
+Numeric correctness of every lowering is pinned end to end in test_lir.py;
+here we look at the vISA program itself.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kiln.errors import ArtifactError, StageError, VerifyError
+from kiln.ir import visa
+from kiln.ir.graph import Graph, Node, TensorType, make_attrs
+from kiln.ir.interp import run_graph
+from kiln.ir.lir_exec import run_program
+from kiln.ir.ops import infer
+from kiln.lang import trace
+from kiln.options import build_options
+from stages import lir as lir_stage
+from stages import visa as visa_stage
+
+REPO = Path(__file__).resolve().parents[2]
+MACHINES = {  # copied from pipeline.yaml
+    "npu-v1": {
+        "name": "npu-v1",
+        "clock_mhz": 1000,
+        "sram_bytes": 4194304,
+        "units": {"dma": 2, "tensor": 1, "vector": 2},
+        "dma": {"bytes_per_cycle": 64, "latency": 100},
+        "tensor": {"tile": [32, 32, 32], "cycles_per_tile": 32},
+        "vector": {"lanes": 64, "latency": {"default": 4, "exp": 8, "div": 8, "rsqrt": 8}},
+    },
+    "npu-tiny": {
+        "name": "npu-tiny",
+        "clock_mhz": 500,
+        "sram_bytes": 65536,
+        "units": {"dma": 1, "tensor": 1, "vector": 1},
+        "dma": {"bytes_per_cycle": 16, "latency": 200},
+        "tensor": {"tile": [16, 16, 16], "cycles_per_tile": 16},
+        "vector": {"lanes": 16, "latency": {"default": 4}},
+    },
+}
+V1 = MACHINES["npu-v1"]
+
+
+class GraphBuilder:
+    def __init__(self, name: str):
+        self.name, self.nodes, self.nargs = name, [], 0
+
+    def _add(self, op, inputs, attrs, declared=None) -> int:
+        frozen = make_attrs(**attrs)
+        typ = infer(op, [self.nodes[i].type for i in inputs], dict(frozen), declared=declared)
+        self.nodes.append(Node(len(self.nodes), op, tuple(inputs), typ, frozen))
+        return len(self.nodes) - 1
+
+    def arg(self, name, shape, dtype="f32") -> int:
+        self.nargs += 1
+        return self._add(
+            "arg", (), {"name": name, "index": self.nargs - 1}, TensorType(tuple(shape), dtype)
+        )
+
+    def const(self, value, dtype="f32") -> int:
+        return self._add("const", (), {"value": value}, TensorType((), dtype))
+
+    def __getattr__(self, op):
+        return lambda *inputs, **attrs: self._add(op, inputs, attrs)
+
+    def graph(self, *outputs) -> Graph:
+        return Graph(self.name, tuple(self.nodes), tuple(outputs))
+
+
+def kernel(name: str, **bindings) -> Graph:
+    from kernels import elementwise, linalg, normalization, reductions
+
+    for module in (elementwise, linalg, normalization, reductions):
+        if hasattr(module, name):
+            return trace(getattr(module, name), bindings, "f32")
+    raise KeyError(name)
+
+
+def lower(graph: Graph, machine: str = "npu-v1", **options) -> visa.Program:
+    program = visa_stage.run(graph, visa_stage.Options(**options), MACHINES[machine])
+    visa_stage.verify(program, MACHINES[machine])
+    return program
+
+
+def ops(program: visa.Program) -> list[str]:
+    return [i.op for i in program.instrs]
+
+
+def scratch(program: visa.Program) -> list[str]:
+    return [t.name for t in program.tensors if t.role == "scratch"]
+
+
+def compile_and_run(program: visa.Program, graph: Graph, machine: str = "npu-v1"):
+    lowered = lir_stage.run(program, lir_stage.Options(), MACHINES[machine])
+    lir_stage.verify(lowered, MACHINES[machine])
+    rng = np.random.default_rng(1)
+    inputs = [rng.uniform(0.5, 2, a.shape).astype(np.float32) for a in graph.args]
+    for want, got in zip(run_graph(graph, inputs), run_program(lowered, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# -- fusion ----------------------------------------------------------------------------
+
+
+def test_matmul_epilogue_runs_on_the_resident_tile():
+    program = lower(kernel("gemm_bias_relu", M=64, K=128, N=64))
+    assert ops(program) == ["load", "load", "mma", "load", "add", "relu", "store"]
+    assert scratch(program) == []
+    bias = program.instrs[3].srcs[0]
+    assert isinstance(bias, visa.View) and bias.strides[0] == 0, "bias is a stride-0 load"
+
+
+def test_without_fusion_every_op_stores_its_result():
+    program = lower(kernel("gemm_bias_relu", M=64, K=128, N=64), fusion=False)
+    assert len(scratch(program)) == 2
+    assert ops(program).count("store") == 3
+
+
+def test_elementwise_chain_ends_in_a_fused_reduction():
+    program = lower(kernel("softmax", R=64, C=128))
+    # max pass; then sub+exp+sum on the resident tile (exp stored for the divide); divide pass
+    assert ops(program).count("sub") == ops(program).count("exp") == ops(program).count("sum")
+    stored = {i.dst.tensor for i in program.instrs if i.op == "store"}
+    assert len(stored) == 4  # the row max, exp, the row sum and the result; never x - max
+    unfused = lower(kernel("softmax", R=64, C=128), fusion=False)
+    assert len(scratch(unfused)) > len(scratch(program))
+
+
+def test_reshape_and_broadcast_are_views_not_copies():
+    b = GraphBuilder("views")
+    x = b.arg("x", (8, 32))
+    flat = b.reshape(x, shape=(256,))
+    col = b.broadcast(b.arg("c", (8, 1)), shape=(8, 32))
+    graph = b.graph(b.exp(flat), b.mul(x, col))
+    program = lower(graph)
+    assert ops(program) == ["load", "exp", "store", "load", "load", "mul", "store"]
+    assert program.instrs[4].srcs[0].strides == (1, 0)
+
+
+def test_scalar_constants_are_immediates():
+    b = GraphBuilder("imm")
+    x = b.arg("x", (4, 4))
+    graph = b.graph(b.sub(b.broadcast(b.const(1.5), shape=(4, 4)), x))
+    (sub,) = [i for i in lower(graph).instrs if i.op == "sub"]
+    assert sub.srcs[0] == visa.Imm(1.5, "f32")
+
+
+def test_conv2d_is_an_implicit_gemm_over_a_padded_copy():
+    b = GraphBuilder("conv")
+    x, w = b.arg("x", (1, 8, 8, 4)), b.arg("w", (3, 3, 4, 16))
+    graph = b.graph(b.conv2d(x, w, stride=(1, 1), padding=(1, 1), dilation=(1, 1)))
+    program = lower(graph)
+    assert "pad2" in scratch(program)
+    assert ops(program).count("mma") == 9  # one output tile, one mma per kernel tap
+    gathers = [i.srcs[0] for i in program.instrs if i.op == "load" and i.dst.buf == "lhs2"]
+    assert all(v.tensor == "pad2" for v in gathers)
+    compile_and_run(program, graph)
+
+
+def test_batched_matmul_loops_over_the_batch():
+    program = lower(kernel("batched_matmul", B=4, M=32, K=64, N=32))
+    assert ops(program).count("mma") == 4
+
+
+# -- tiles and options --------------------------------------------------------------------
+
+
+def test_tile_options_set_the_tile_buffers():
+    program = lower(kernel("gemm", M=128, K=128, N=128), tile_m=32, tile_n=64, tile_k=16)
+    shapes = {b.name: b.shape for b in program.buffers}
+    assert shapes == {"acc2": (32, 64), "lhs2": (32, 16), "rhs2": (16, 64)}
+    assert ops(program).count("mma") == 4 * 2 * 8
+
+
+def test_default_tiles_derive_from_the_machine():
+    graph = kernel("gemm", M=512, K=512, N=512)
+    assert lower(graph).buffer_map()["lhs2"].shape == (128, 128)  # 4x the 32x32 tensor tile
+    assert lower(graph, "npu-tiny").buffer_map()["lhs2"].shape == (32, 32)  # fits 64 KiB
+
+
+def test_vector_tile_bounds_elementwise_tiles():
+    program = lower(kernel("vector_add", N=4096), vector_tile=512)
+    assert all(b.size <= 512 for b in program.buffers)
+    assert ops(program).count("add") == 8
+
+
+def test_bad_options_are_stage_errors():
+    with pytest.raises(StageError, match="must be >= 0"):
+        lower(kernel("gemm", M=64, K=64, N=64), tile_m=-1)
+    with pytest.raises(StageError) as err:
+        build_options(visa_stage.Options, {"tile_mm": 64}, "visa")
+    assert "tile_m" in err.value.expected and err.value.hint == "did you mean 'tile_m'?"
+    with pytest.raises(StageError, match="wrong type"):
+        build_options(visa_stage.Options, {"fusion": "yes"}, "visa")
+
+
+def test_an_op_the_stage_cannot_lower_names_kernel_and_op():
+    t = TensorType((4,), "f32")
+    nodes = (Node(0, "arg", (), t, make_attrs(name="x", index=0)), Node(1, "fft", (0,), t))
+    with pytest.raises(StageError, match="kernel odd: the visa stage cannot lower op 'fft'"):
+        visa_stage.run(Graph("odd", nodes, (1,)), visa_stage.Options(), V1)
+
+
+# -- artifacts, dumps, hand edits ---------------------------------------------------------
+
+
+def test_artifact_round_trips_through_read(tmp_path):
+    program = lower(kernel("layernorm", R=64, C=128))
+    path = tmp_path / visa_stage.ARTIFACT
+    path.write_bytes(visa_stage.serialize(program))
+    assert visa_stage.read(path) == program
+    dump = tmp_path / "dump.visa"
+    visa_stage.DUMPS["visa"](program, dump, V1)
+    assert dump.read_bytes() == path.read_bytes()
+
+
+def test_corrupt_artifact_names_file_line_and_expectation(tmp_path):
+    path = tmp_path / "kernel.visa"
+    text = visa_stage.serialize(lower(kernel("gemm", M=64, K=64, N=64))).decode()
+    path.write_text(text.replace("mma ", "mmx ", 1))
+    with pytest.raises(ArtifactError) as err:
+        visa_stage.read(path)
+    line = text.splitlines().index(next(x for x in text.splitlines() if x.startswith("mma"))) + 1
+    assert err.value.location.file == str(path) and err.value.location.line == line
+    assert "an opcode" in err.value.expected and err.value.found == "mmx"
+    with pytest.raises(ArtifactError, match="cannot read"):
+        visa_stage.read(tmp_path / "missing.visa")
+
+
+def test_verify_failure_names_stage_instruction_and_rule():
+    program = lower(kernel("gemm", M=64, K=64, N=64))
+    broken = visa.Program(
+        program.kernel, program.bindings, program.tensors, program.buffers, program.instrs[1:]
+    )
+    with pytest.raises(VerifyError) as err:
+        visa_stage.verify(broken, V1)
+    assert "stage visa" in str(err.value) and "instruction 1 (mma" in str(err.value)
+    assert "read before it is written" in str(err.value)
+
+
+def test_hand_edited_dump_still_compiles_and_runs():
+    b = GraphBuilder("edit")
+    x, w = b.arg("x", (64, 64)), b.arg("w", (64, 64))
+    y = b.matmul(x, w)
+    b.exp(y)  # dead: computed on the tile, never stored
+    graph = b.graph(b.relu(y))
+    text = visa_stage.serialize(lower(graph)).decode()
+    lines = text.splitlines()
+    # delete the redundant instruction, and grow a buffer (consistently: all uses still fit)
+    lines = [line for line in lines if not line.startswith("exp ")]
+    lines = [line.replace("buffer %lhs2 f32[64,64]", "buffer %lhs2 f32[128,64]") for line in lines]
+    edited = visa.parse("\n".join(lines) + "\n")
+    visa.verify(edited)
+    assert edited.buffer_map()["lhs2"].shape == (128, 64) and "exp" not in ops(edited)
+    compile_and_run(edited, graph)
+    # shrinking a buffer below what its tiles use is caught by verify, naming the instruction
+    shrunk = visa.parse(text.replace("buffer %lhs2 f32[64,64]", "buffer %lhs2 f32[32,64]"))
+    with pytest.raises(VerifyError, match=r"instruction 0 \(load %lhs2.*exceeds the buffer"):
+        visa_stage.verify(shrunk, V1)
+
+
+def test_output_is_deterministic_across_hash_seeds():
+    script = (
+        "import hashlib, sys\n"
+        "from kiln.lang import trace\n"
+        "from kernels.normalization import layernorm\n"
+        "from stages import visa, lir\n"
+        "import yaml\n"
+        "m = dict(yaml.safe_load(open('pipeline.yaml'))['machines']['npu-tiny'], name='t')\n"
+        "p = visa.run(trace(layernorm, {'R': 64, 'C': 128}), visa.Options(), m)\n"
+        "l = lir.run(p, lir.Options(), m)\n"
+        "print(hashlib.sha256(visa.serialize(p) + lir.serialize(l)).hexdigest())\n"
+    )
+    digests = set()
+    for seed in ("1", "2"):
+        env = {"PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}
+        out = subprocess.run(
+            [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1
