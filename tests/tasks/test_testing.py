@@ -1,13 +1,15 @@
 """`kiln test` and the doit `test:<instance>@<target>` tasks, end to end in a tmp project.
 
-The checks must be able to fail: a flipped byte in a built EDF, and a
-kernel compiled through a deliberately wrong visa stage
+The checks must be able to fail: a flipped byte in a built EDF, a built
+schedule edited to start a dependent instruction early, and a kernel
+compiled through a deliberately wrong visa stage
 (``tests/support/bad_stage.py``, named in the tmp pipeline's stage table)
-both fail with exit 1 and a report that says what and where.
+all fail with exit 1 and a report that says what and where.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -16,6 +18,8 @@ import numpy as np
 
 from kiln.compare import compare
 from kiln.inputs import random_inputs
+from kiln.ir.edf import EdfFile, decode, encode
+from kiln.ir.lir import Slot
 from tests.conftest import ran_tasks, run_kiln
 
 OUT = Path("build/kiln/kernel")
@@ -87,28 +91,52 @@ def test_all_pass_writes_junit_and_the_json_report(project):
     assert "@ cpu" not in default.stdout
 
 
-def test_a_bit_flipped_edf_fails_naming_the_file_and_the_checksum(project):
+def start_a_dependent_early(path: Path) -> tuple[int, int]:
+    """Move the first read-after-write consumer's slot onto its producer's; re-encode the EDF."""
+    sp = decode(path.read_bytes()).scheduled
+    consumer, producer = next(
+        (i.id, d.src) for i in sp.program.instrs for d in i.deps if d.kind == "raw"
+    )
+    slots = list(sp.slots)
+    s, p = slots[consumer], slots[producer]
+    slots[consumer] = Slot(s.instr, s.unit, p.start, p.start + s.end - s.start)
+    old = decode(path.read_bytes())
+    early = EdfFile(dataclasses.replace(sp, slots=tuple(slots)), old.metadata)
+    path.write_bytes(encode(early))
+    return consumer, producer
+
+
+def test_damaged_binaries_fail_kiln_test_saying_why(project):
+    """A flipped bit fails its checksum; a dependent started early is a race. Exit 1, no trace."""
     run_kiln(project, "compile", "gemm", check=True)
     edf = project / OUT / "gemm" / "small" / "kernel.edf"
     raw = bytearray(edf.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     edf.write_bytes(bytes(raw))
+    wide = project / OUT / "gemm" / "wide" / "kernel.edf"
+    consumer, producer = start_a_dependent_early(wide)
 
     proc = run_kiln(project, "test", "gemm", "--target", "sim", "--junit", "j.xml")
     assert proc.returncode == 1
-    assert "0 ran" in proc.stdout  # the build does not notice: the sim must
+    assert "0 ran" in proc.stdout + proc.stderr  # the build does not notice: the sim must
     assert "ERROR   gemm.small @ sim" in proc.stdout
     assert f"{edf}: error: corrupt EDF file:" in proc.stdout
     assert "checksum check failed" in proc.stdout
-    assert "PASS    gemm.wide @ sim" in proc.stdout
+    assert "ERROR   gemm.wide @ sim" in proc.stdout
+    assert f"{wide}: the simulator refuses this binary: instruction {consumer} (`" in proc.stdout
+    assert f"before its raw dependency {producer} ends" in proc.stdout
+    race = next(line for line in proc.stdout.splitlines() if "note: race on sram[" in line)
+    assert f"instruction {producer} `" in race and f"instruction {consumer} `" in race
+    assert "kiln test: 0 pass, 0 fail, 2 error, 0 skipped" in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
 
     suite = junit(project / "j.xml")
-    assert (suite.get("tests"), suite.get("errors"), suite.get("failures")) == ("2", "1", "0")
+    assert (suite.get("tests"), suite.get("errors"), suite.get("failures")) == ("2", "2", "0")
     error = suite.find("testcase[@name='gemm.small']/error")
     assert error is not None and "checksum" in error.text and str(edf) in error.text
-    (bad,) = [r for r in report(project) if r["status"] == "error"]
-    assert bad["kernel"] == "gemm.small" and "checksum" in bad["message"]
+    assert "race on sram[" in suite.find("testcase[@name='gemm.wide']/error").text
+    errors = {r["kernel"]: r["message"] for r in report(project) if r["status"] == "error"}
+    assert "checksum" in errors["gemm.small"] and "race on" in errors["gemm.wide"]
 
 
 def test_a_wrong_lowering_fails_with_the_worst_element(project):
