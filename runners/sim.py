@@ -157,10 +157,16 @@ class SimRunner(Runner):
                 continue
             raw = dram[slot.dram_offset : slot.dram_offset + slot.nbytes]
             outputs.append(raw.view(NUMPY_DTYPES[slot.dtype]).reshape(slot.shape).copy())
-        return RunResult(outputs, self.metrics(sp, elapsed))
+        return RunResult(outputs, self.metrics(prepared, elapsed))
 
-    def metrics(self, sp: ScheduledProgram, elapsed: float) -> dict:
-        clock = float((self.machine or {}).get("clock_mhz", 1000))
+    def clock_mhz(self, edf: EdfFile) -> float:
+        """The clock of the machine the binary was compiled for (recorded in its metadata)."""
+        model = (edf.meta.get("machine") or {}).get("model") or self.machine or {}
+        return float(model.get("clock_mhz", 1000))
+
+    def metrics(self, edf: EdfFile, elapsed: float) -> dict:
+        sp = edf.scheduled
+        clock = self.clock_mhz(edf)
         makespan = sp.makespan
         busy: dict[str, int] = {}
         for ins, slot in zip(sp.program.instrs, sp.slots, strict=True):

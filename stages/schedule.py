@@ -38,6 +38,19 @@ POLICIES = ("critical-path", "in-order")
 class Options:
     policy: str = "critical-path"  # critical-path | in-order
 
+    def __post_init__(self) -> None:
+        # checked here so that a bad value is reported where pipeline.yaml sets it
+        _check_policy(self.policy)
+
+
+def _check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise StageError(
+            f"unknown scheduling policy {policy!r}",
+            expected="one of: " + ", ".join(POLICIES),
+            found=policy,
+        )
+
 
 def run(program: Program, options: Options, machine: dict) -> ScheduledProgram:
     """Schedule ``program`` on its units; StageError for an unknown policy or a bad graph."""
@@ -46,12 +59,7 @@ def run(program: Program, options: Options, machine: dict) -> ScheduledProgram:
 
 
 def _run(program: Program, options: Options) -> ScheduledProgram:
-    if options.policy not in POLICIES:
-        raise StageError(
-            f"unknown scheduling policy {options.policy!r}",
-            expected="one of: " + ", ".join(POLICIES),
-            found=options.policy,
-        )
+    _check_policy(options.policy)
     instrs = program.instrs
     kinds = sorted((k for k, _ in program.units), key=kind_sort_key)
     kind_no = {k: n for n, k in enumerate(kinds)}

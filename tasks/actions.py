@@ -30,9 +30,17 @@ def run_stage(spec: dict):
     """Run one stage of one kernel instance; a failure comes back as TaskFailed."""
     try:
         _run(spec)
+    except OptionsError as wrapped:
+        err = wrapped.error
+        if err.location is None:
+            err.location = _pipeline_location(spec, _options_key_paths(spec))
+        err.notes.append(f"while running stage {spec['stage']!r} of {spec['instance']}")
+        return failure(err)
     except KilnError as err:
         if err.location is None and isinstance(err, StageError):
-            err.location = _options_location(spec)
+            # the kernel whose compile failed: its shapes and options live there
+            kernel = spec["instance"].split(".")[0]
+            err.location = _pipeline_location(spec, [f"kernels.{kernel}"])
         err.notes.append(f"while running stage {spec['stage']!r} of {spec['instance']}")
         return failure(err)
     except Exception as exc:  # a bug in a stage: say where, keep the trace out of the way
@@ -55,7 +63,10 @@ def _run(spec: dict) -> None:
     if root not in sys.path:
         sys.path.insert(0, root)
     module = importlib.import_module(spec["module"])
-    options = build_options(module.Options, spec["options"], spec["stage"])
+    try:
+        options = build_options(module.Options, spec["options"], spec["stage"])
+    except KilnError as err:
+        raise OptionsError(err) from None
     machine = spec["machine"]
     if "trace" in spec:
         from stages.trace import TraceRequest
@@ -104,12 +115,40 @@ def _build_metadata(build: dict) -> dict:
     }
 
 
-def _options_location(spec: dict) -> Location | None:
-    """Point a stage-option error at the stage's row in pipeline.yaml."""
+class OptionsError(Exception):
+    """A stage option from pipeline.yaml was rejected (carries the user-facing error)."""
+
+    def __init__(self, error: KilnError):
+        super().__init__(error.message)
+        self.error = error
+
+
+def _options_key_paths(spec: dict) -> list[str]:
+    """Where the failing stage's options are written: the kernel's override, then the row."""
+    kernel = spec["instance"].split(".")[0]
+    return [f"kernels.{kernel}.options.{spec['stage']}", f"stages[{spec['stage_index']}].options"]
+
+
+def _pipeline_location(spec: dict, key_paths: list[str]) -> Location | None:
+    """The first of ``key_paths`` written in pipeline.yaml (the last one as a fallback)."""
     try:
         from kiln.pipeline import load_pipeline
 
         pipeline = load_pipeline(Path(spec["pipeline"]))
-        return pipeline.locate(f"stages[{spec['stage_index']}].options")
+        for key in key_paths:
+            loc = pipeline.locate(key)
+            if loc.key_path == key and _written(pipeline, key):
+                return loc
+        return pipeline.locate(key_paths[-1])
     except Exception:
-        return Location(spec["pipeline"], key_path=f"stages[{spec['stage_index']}].options")
+        return Location(spec["pipeline"], key_path=key_paths[-1])
+
+
+def _written(pipeline, key: str) -> bool:
+    """Whether ``key`` itself (not only a parent) appears in the file."""
+    try:
+        exact = pipeline.locate(key)
+        parent = pipeline.locate(key.rsplit(".", 1)[0])
+        return (exact.line, exact.column) != (parent.line, parent.column)
+    except Exception:
+        return False
