@@ -528,7 +528,7 @@ class _Emitter:
         if self.buffers[acc.buf].dtype == node.dtype:
             return Tile(acc.buf, tuple(extent))
         out = Tile(self.buffer(f"v{node.id}", node.dtype, box), tuple(extent))
-        self.emit("cast", out, acc)
+        self.emit("cast", out, Tile(acc.buf, tuple(extent)))
         return out
 
     def matmul(self, node: Node, origin, extent, box) -> Tile:

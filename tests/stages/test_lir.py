@@ -227,6 +227,14 @@ def g_f16():
     return b.graph(y, b.mean(y, axes=(1,), keepdims=True), b.sum(a, axes=(0,)))
 
 
+def g_half_batched_conv():
+    b = GraphBuilder("half_batched_conv")
+    a, w = b.arg("a", (3, 20, 24), "f16"), b.arg("w", (3, 24, 12), "f16")
+    x, k = b.arg("x", (1, 6, 7, 4), "bf16"), b.arg("k", (3, 3, 4, 5), "bf16")
+    conv = b.conv2d(x, k, stride=(1, 1), padding=(1, 1), dilation=(1, 1))
+    return b.graph(b.matmul(a, w), conv)
+
+
 def g_bf16():
     b = GraphBuilder("bf16")
     a, w = b.arg("a", (64, 96), "bf16"), b.arg("w", (96, 48), "bf16")
@@ -296,6 +304,7 @@ CASES = {
     "batched_broadcast": (g_batched_broadcast, 1e-4),
     "f16": (g_f16, 2e-2),
     "bf16": (g_bf16, 5e-2),
+    "half_batched_conv": (g_half_batched_conv, 5e-2),
     "i32": (g_i32, 0),
     "bool": (g_bool, 0),
     "conv": (g_conv, 1e-4),
