@@ -56,10 +56,21 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _app(project, filters) -> str | None:
+    """The app a command names: its only positional argument, when that is an app's name."""
+    names = {a.name for a in project.pipeline.apps}
+    return filters[0] if len(filters or ()) == 1 and filters[0] in names else None
+
+
 def cmd_status(args) -> int:
     from tasks.status import explain
 
     project = _project()
+    app = _app(project, args.filters)
+    if app is not None and not args.package:
+        from tasks.apps import status_app
+
+        return status_app(project, app, args.all)
     instances = _select(project, args.filters, args.package)
     results = explain(project, instances)
     pending = [(n, r) for n, r in results if r]
@@ -78,7 +89,22 @@ def cmd_run(args) -> int:
     from tasks.running import run_kernel
 
     project = _project()
-    return run_kernel(project, args)
+    app = _app(project, [args.name])
+    if app is not None:
+        from tasks.apps import run_app
+
+        if args.shapes:
+            raise KilnError(
+                f"--shapes picks a kernel's shape set; {app!r} is an app",
+                hint="an app's kernel calls pick their instances by the shapes they pass",
+            )
+        return run_app(project, app, args.target, args.save_outputs)
+    try:
+        return run_kernel(project, args)
+    except KilnError as err:
+        if project.pipeline.apps and err.message.startswith("no kernel"):
+            err.notes.append("apps: " + ", ".join(a.name for a in project.pipeline.apps))
+        raise
 
 
 def cmd_inspect(args) -> int:
@@ -91,7 +117,13 @@ def cmd_inspect(args) -> int:
 def cmd_test(args) -> int:
     from tasks.testing import run_tests
 
-    return run_tests(_project(), args)
+    project = _project()
+    app = _app(project, args.filters)
+    if app is not None:
+        from tasks.apps import test_app
+
+        return test_app(project, app, args.target, args.junit)
+    return run_tests(project, args)
 
 
 def cmd_bench(args) -> int:

@@ -1,0 +1,1 @@
+"""Example programs that call kernels: `kiln run mlp`, `kiln run attention`."""

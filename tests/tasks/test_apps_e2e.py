@@ -1,0 +1,242 @@
+"""End to end: `kiln run/test/status APP` in a temporary project with the example apps."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, machines_yaml, ran_tasks, run_kiln
+
+APP_PIPELINE = """\
+project: apps-e2e
+packages: [kernels]
+machine: npu-v1
+kernels:
+  vector_add:
+    shapes: {N: 256}
+  layernorm:
+    shapes: {R: 8, C: 64}
+  gemm:
+    shapes:
+      mlp: {M: 8, K: 128, N: 16}
+      attention: {M: 16, K: 24, N: 32}
+  gemm_bias_relu:
+    shapes: {M: 8, K: 64, N: 128}
+  softmax:
+    shapes:
+      mlp: {R: 8, C: 16}
+      attention: {R: 16, C: 24}
+  attention_scores:
+    shapes: {S: 16, T: 24, D: 32}
+stages:
+  - {name: trace, module: stages.trace}
+  - {name: visa, module: stages.visa}
+  - {name: lir, module: stages.lir}
+  - {name: schedule, module: stages.schedule}
+  - {name: edf, module: stages.edf}
+targets:
+  cpu: {runner: cpu}
+  sim: {runner: sim, machine: npu-v1}
+  iree-cpu: {runner: iree, options: {device: llvm-cpu}}
+apps:
+  mlp:
+    module: apps.mlp
+    tests: [apps/tests/test_mlp.py]
+  attention:
+    module: apps.attention
+    tests: [apps/tests/test_attention.py]
+  ghost:
+    module: apps.ghost
+  nomain:
+    module: apps.nomain
+  boom:
+    module: apps.boom
+machines:
+"""
+MLP_INSTANCES = {"gemm.mlp", "gemm.attention", "gemm_bias_relu.default"}
+MLP_INSTANCES |= {"softmax.mlp", "softmax.attention"}
+HAS_IREE = importlib.util.find_spec("iree") is not None and (
+    importlib.util.find_spec("iree.compiler") is not None
+)
+
+
+def make_project(root: Path) -> Path:
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "kernels", root / "kernels", ignore=ignore)
+    shutil.copytree(REPO / "apps", root / "apps", ignore=ignore)
+    (root / "pipeline.yaml").write_text(APP_PIPELINE + machines_yaml())
+    (root / "apps" / "nomain.py").write_text("from kernels.linalg import gemm\n\nrun = gemm\n")
+    (root / "apps" / "boom.py").write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+
+            from kernels.normalization import softmax
+
+
+            def normalize(x):
+                return softmax(x)[0, 99]
+
+
+            def main():
+                return normalize(np.ones((8, 16), np.float32))
+            """
+        ).lstrip()
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def apps_project(tmp_path_factory) -> Path:
+    """Shared by the tests that only read it: builds are reused between them."""
+    return make_project(tmp_path_factory.mktemp("apps"))
+
+
+@pytest.fixture(scope="module")
+def cpu_outputs(apps_project):
+    """app -> the outputs of `kiln run APP --target cpu` (the oracle), run once per app."""
+    cache: dict[str, dict[str, np.ndarray]] = {}
+
+    def get(app: str) -> dict[str, np.ndarray]:
+        if app not in cache:
+            proc = run_app(apps_project, app, "cpu", f"out/{app}-cpu")
+            assert "warning" not in proc.stderr
+            cache[app] = outputs(apps_project / f"out/{app}-cpu")
+        return cache[app]
+
+    return get
+
+
+def instances(proc) -> set[str]:
+    return {t.split(":", 1)[1].rsplit(".", 1)[0] for t in ran_tasks(proc)}
+
+
+def outputs(directory: Path) -> dict[str, np.ndarray]:
+    return {p.stem: np.load(p) for p in sorted(directory.glob("*.npy"))}
+
+
+def assert_same(a: dict, b: dict, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    assert a.keys() == b.keys() and a
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+def run_app(root: Path, app: str, target: str, save: str):
+    return run_kiln(root, "run", app, "--target", target, "--save-outputs", save, check=True)
+
+
+def test_mlp_on_sim_builds_only_its_kernels_and_matches_cpu(apps_project, cpu_outputs):
+    sim = run_app(apps_project, "mlp", "sim", "out/mlp-sim")
+    assert instances(sim) == MLP_INSTANCES  # not vector_add, layernorm, attention_scores
+    assert "app 'mlp' (apps/mlp.py) reaches 3 kernels" in sim.stdout
+    assert "kernels.linalg.gemm_bias_relu -> gemm_bias_relu.default" in sim.stdout
+    assert "reached from apps/mlp.py:" in sim.stdout and "via apps.mlp.forward" in sim.stdout
+    assert "out probs: f32[8, 16]" in sim.stdout and "cycles" in sim.stdout
+    assert "warning" not in sim.stderr
+    assert_same(outputs(apps_project / "out/mlp-sim"), cpu_outputs("mlp"))
+    assert set(cpu_outputs("mlp")) == {"hidden", "logits", "probs"}
+
+
+def test_attention_on_sim_matches_cpu(apps_project, cpu_outputs):
+    sim = run_app(apps_project, "attention", "sim", "out/att-sim")
+    assert "kernels.attention.attention_scores -> attention_scores.default" in sim.stdout
+    assert "attention_scores.default" in instances(sim)
+    assert not instances(sim) & {"vector_add.default", "layernorm.default"}
+    assert_same(outputs(apps_project / "out/att-sim"), cpu_outputs("attention"))
+    assert set(cpu_outputs("attention")) == {"weights", "context"}
+
+
+@pytest.mark.skipif(not HAS_IREE, reason="iree is not installed")
+@pytest.mark.parametrize("app", ["mlp", "attention"])
+def test_iree_cpu_matches_cpu(apps_project, cpu_outputs, app):
+    run_app(apps_project, app, "iree-cpu", f"out/{app}-iree")
+    assert_same(outputs(apps_project / f"out/{app}-iree"), cpu_outputs(app))
+
+
+def test_kiln_test_app_runs_its_tests_on_the_target(apps_project):
+    proc = run_kiln(apps_project, "test", "mlp", "--target", "sim", check=True)
+    assert "2 passed" in proc.stdout and "kiln test mlp: sim pass" in proc.stdout
+    assert "call softmax.mlp: 2x" in proc.stdout  # the tests' kernel calls ran on sim
+    failing = apps_project / "apps" / "tests" / "test_attention.py"
+    original = failing.read_text()
+    try:
+        failing.write_text(original + "\n\ndef test_wrong():\n    assert main_out() == 1\n")
+        proc = run_kiln(apps_project, "test", "attention", "--target", "sim")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "1 failed" in proc.stdout and "kiln test attention: sim fail" in proc.stdout
+    finally:
+        failing.write_text(original)
+
+
+def test_status_app_lists_its_kernels_and_why_they_rebuild(apps_project, cpu_outputs):
+    cpu_outputs("mlp")  # built
+    status = run_kiln(apps_project, "status", "mlp", check=True)
+    assert "reached from apps/mlp.py" in status.stdout
+    assert "kiln: 0 of 25 tasks of app 'mlp' would run" in status.stdout
+
+
+def test_editing_an_unreached_kernel_triggers_no_compile(tmp_path):
+    root = make_project(tmp_path)
+    run_kiln(root, "run", "mlp", "--target", "sim", check=True)
+    for name, old, new in [
+        ("elementwise.py", "return a + b", "return b + a"),
+        ("attention.py", "(1.0 / math.sqrt", "(2.0 / 2.0 / math.sqrt"),
+    ]:
+        src = root / "kernels" / name
+        src.write_text(src.read_text().replace(old, new))
+        st = src.stat()
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    again = run_kiln(root, "run", "mlp", "--target", "sim", check=True)
+    assert ran_tasks(again) == []
+    assert "kiln: 25 tasks: 0 ran, 25 up to date" in again.stdout
+    # an edit mlp does reach: status says why, and the next run rebuilds it
+    src = root / "kernels" / "normalization.py"
+    src.write_text(src.read_text().replace("return e / e.sum", "return e * 1.0 / e.sum"))
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
+    status = run_kiln(root, "status", "mlp", check=True)
+    assert "compile:softmax.mlp.trace: would run" in status.stdout
+    assert "file changed:" in status.stdout and "normalization.py" in status.stdout
+    rebuilt = run_kiln(root, "run", "mlp", "--target", "sim", check=True)
+    assert {"softmax.mlp", "softmax.attention"} <= instances(rebuilt)
+    assert not instances(rebuilt) & {"gemm.mlp", "vector_add.default"}
+
+
+def test_app_module_that_does_not_exist(apps_project):
+    proc = run_kiln(apps_project, "run", "ghost", "--target", "sim")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "pipeline.yaml:" in proc.stderr
+    assert "app 'ghost': module 'apps.ghost' does not exist" in proc.stderr
+    assert "apps/ghost.py" in proc.stderr
+
+
+def test_app_without_main(apps_project):
+    proc = run_kiln(apps_project, "run", "nomain", "--target", "sim")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "apps/nomain.py: error: app 'nomain' has no main() function" in proc.stderr
+    assert ran_tasks(proc) == []  # checked before building anything
+
+
+def test_app_that_raises_shows_its_own_traceback(apps_project):
+    proc = run_kiln(apps_project, "run", "boom", "--target", "sim")
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "error: app 'boom' raised IndexError:" in err
+    assert 'apps/boom.py", line 11, in main' in err and "line 7, in normalize" in err
+    assert "tasks/apps.py" not in err and "kiln/cli.py" not in err  # only the app's frames
+    assert instances(proc) <= {"softmax.mlp", "softmax.attention"}
+
+
+def test_unknown_target_and_shapes_flag_are_clear_errors(apps_project):
+    proc = run_kiln(apps_project, "run", "mlp", "--target", "tpu")
+    assert proc.returncode == 2 and "unknown target 'tpu'" in proc.stderr
+    proc = run_kiln(apps_project, "run", "mlp", "--shapes", "small")
+    assert proc.returncode == 2 and "is an app" in proc.stderr
+    proc = run_kiln(apps_project, "run", "nosuch")
+    assert proc.returncode == 2 and "apps: mlp, attention" in proc.stderr
