@@ -94,12 +94,18 @@ class View:
         return self.offset, last + 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Imm:
-    """A scalar immediate, already rounded to ``dtype``."""
+    """A scalar immediate, already rounded to ``dtype``; equal by its text (so NaN == NaN)."""
 
     value: Any  # float for float dtypes, int for i32, bool for bool
     dtype: str
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Imm) and format_imm(self) == format_imm(other)
+
+    def __hash__(self) -> int:
+        return hash(format_imm(self))
 
 
 Operand = Tile | View | Imm

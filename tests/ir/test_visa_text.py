@@ -109,6 +109,7 @@ def test_immediates_round_trip_exactly():
         Imm(0.1, "f32"),
         Imm(float("inf"), "f32"),
         Imm(float("-inf"), "bf16"),
+        Imm(float("nan"), "f32"),
         Imm(1e-05, "f16"),
         Imm(-3, "i32"),
         Imm(True, "bool"),
