@@ -132,17 +132,41 @@ class _Ref:
 
 @dataclass
 class _Group:
+    """A unit of emission. A fused group runs its members box by box on resident tiles.
+
+    Its reductions share ``axes``. When every box spans those axes whole
+    (``resident``), a reduction's result is complete inside the box, so later
+    members may use it: ops on the kept shape, and ops on the full shape
+    through in-group broadcasts (``aliases``). Otherwise the reduction
+    accumulates across boxes and closes the group.
+    """
+
     index: int
     kind: str  # fused | transpose | copy | pad
     shape: tuple[int, ...]
     producer: Node | None = None
-    members: list[Node] = field(default_factory=list)
-    reduce: Node | None = None
+    members: list[Node] = field(default_factory=list)  # elementwise ops and reductions, in order
+    axes: tuple[int, ...] | None = None
+    resident: bool = False
+    aliases: dict[int, int] = field(default_factory=dict)  # broadcast node -> member it repeats
     node: Node | None = None  # transpose / copy / pad subject
     dest: str | None = None  # copy into this tensor (None: the node's home)
 
+    @property
+    def kept(self) -> tuple[int, ...]:
+        axes = self.axes or ()
+        return tuple(1 if a in axes else d for a, d in enumerate(self.shape))
+
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """Can an elementwise op of this shape run in this group?"""
+        if self.kind != "fused":
+            return False
+        if shape == self.shape:
+            return self.axes is None or self.resident
+        return self.resident and shape == self.kept
+
     def defines(self) -> list[Node]:
-        found = [self.producer, *self.members, self.reduce]
+        found = [self.producer, *self.members]
         if self.kind in ("transpose", "copy") and self.dest is None:
             found.append(self.node)
         return [n for n in found if n is not None]
@@ -154,9 +178,10 @@ _ELEMENTWISE = ("unary", "binary", "compare", "select", "cast")
 class _Planner:
     """Pass 1: groups in emission order, the location of every value, fusion decisions."""
 
-    def __init__(self, graph: Graph, fusion: bool):
+    def __init__(self, graph: Graph, fusion: bool, tiles: _Tiles):
         self.graph = graph
         self.fusion = fusion
+        self.tiles = tiles
         self.groups: list[_Group] = []
         self.group_of: dict[int, _Group] = {}
         self.loc: dict[int, _Ref | Imm] = {}
@@ -203,6 +228,17 @@ class _Planner:
             for d, o, s in zip(src.shape, node.shape[lead:], ref.strides, strict=True)
         ]
         self.loc[node.id] = _Ref(ref.base, ref.offset, tuple(strides))
+        group = self.group_of.get(src.id)
+        if (
+            self.fusion
+            and group is not None
+            and group.resident
+            and src.id not in group.aliases
+            and src.shape == group.kept
+            and node.shape == group.shape
+        ):  # a reduction's result repeated over the rows it reduced: stays on its tile
+            group.aliases[node.id] = src.id
+            self.group_of[node.id] = group
 
     def reshape(self, node: Node) -> None:
         src = self.graph.node(node.inputs[0])
@@ -232,10 +268,7 @@ class _Planner:
         open_groups = [
             g
             for i in node.inputs
-            if (g := self.group_of.get(i)) is not None
-            and g.kind == "fused"
-            and g.reduce is None
-            and g.shape == node.shape
+            if (g := self.group_of.get(i)) is not None and g.accepts(node.shape)
         ]
         if not open_groups:
             return None
@@ -247,11 +280,26 @@ class _Planner:
 
     def reduce(self, node: Node) -> None:
         src = self.graph.node(node.inputs[0])
+        axes = tuple(node.attr("axes"))
         group = self.group_of.get(src.id)
-        fusable = group is not None and group.kind == "fused" and group.reduce is None
-        if not (self.fusion and fusable and group.shape == src.shape):
+        fusable = (
+            self.fusion
+            and group is not None
+            and group.kind == "fused"
+            and src.id not in group.aliases
+            and src.shape == group.shape
+            and (group.axes is None or (group.resident and group.axes == axes))
+        )
+        if not fusable:
             group = self.new("fused", src.shape)
-        group.reduce = node
+        if group.axes is None:
+            group.axes = axes
+            if group.producer is not None:
+                box = _producer_box(group.producer, self.tiles)
+                group.resident = all(box[a] == group.shape[a] for a in axes)
+            else:
+                group.resident = math.prod(group.shape[a] for a in axes) <= self.tiles.vector
+        group.members.append(node)
         self.computed(node, group)
 
     def producer(self, node: Node) -> None:
@@ -306,6 +354,13 @@ def _homes(plan: _Planner) -> tuple[list[visa.DramTensor], dict[int, str], dict[
             plan.groups.append(_Group(len(plan.groups), "copy", node.shape, node=node, dest=name))
     users = graph.users()
     outputs = set(graph.outputs)
+
+    def used_outside(g: _Group, nid: int) -> bool:
+        return any(
+            plan.group_of.get(u) is not g or (u in g.aliases and used_outside(g, u))
+            for u in users[nid]
+        )
+
     pads: dict[int, str] = {}
     for g in plan.groups:
         if g.kind == "pad":
@@ -314,11 +369,32 @@ def _homes(plan: _Planner) -> tuple[list[visa.DramTensor], dict[int, str], dict[
             shape = (n, h + 2 * ph, w + 2 * pw, c)
             pads[g.node.id] = add(f"pad{g.node.id}", "scratch", shape, g.node.dtype)
         for node in g.defines():
-            outside = any(plan.group_of.get(u) is not g for u in users[node.id])
-            needed = g.kind != "fused" or outside or node.id in outputs
+            needed = g.kind != "fused" or used_outside(g, node.id) or node.id in outputs
             if needed and node.id not in home:
                 home[node.id] = add(f"t{node.id}", "scratch", node.shape, node.dtype)
     return tensors, home, pads
+
+
+def _producer_box(node: Node, t: _Tiles) -> tuple[int, ...]:
+    """The output box of one matmul/conv tile: tile_m x tile_n (conv: whole output rows)."""
+    if node.op == "matmul":
+        m, n = node.shape[-2:]
+        return (1,) * (node.type.rank - 2) + (min(t.m, m), min(t.n, n))
+    _, oh, ow, f = node.shape
+    if ow <= t.m:
+        return (1, min(oh, max(1, t.m // ow)), ow, min(t.n, f))
+    return (1, 1, t.m, min(t.n, f))
+
+
+def _fit_rows(shape: tuple[int, ...], axes: tuple[int, ...], budget: int) -> tuple[int, ...]:
+    """A box spanning the reduced ``axes`` whole, the rest filled from the last axis."""
+    box = [shape[a] if a in axes else 1 for a in range(len(shape))]
+    rest = max(1, budget // max(1, math.prod(box)))
+    for a in reversed(range(len(shape))):
+        if a not in axes:
+            box[a] = max(1, min(shape[a], rest))
+            rest = max(1, rest // box[a])
+    return tuple(box)
 
 
 def _fit_transpose(shape: tuple[int, ...], perm: tuple[int, ...], budget: int) -> tuple[int, ...]:
@@ -402,6 +478,8 @@ class _Emitter:
         self.emit("store", _compact(View(tensor, offset, tuple(extent), strides)), tile)
 
     def value(self, g: _Group, nid: int, vals: dict, origin, extent, box, need_tile=False):
+        if nid in g.aliases:
+            return vals[g.aliases[nid]]
         if nid in vals:
             return vals[nid]
         ref = self.plan.loc[nid]
@@ -412,25 +490,40 @@ class _Emitter:
 
     # -- groups ------------------------------------------------------------------
     def fused(self, g: _Group) -> None:
-        red = g.reduce
-        axes = tuple(red.attr("axes")) if red is not None else ()
-        box = self.producer_box(g.producer) if g.producer else _fit(g.shape, self.tiles.vector)
+        axes = g.axes or ()
+        if g.producer is not None:
+            box = _producer_box(g.producer, self.tiles)
+        elif g.resident:
+            box = _fit_rows(g.shape, axes, self.tiles.vector)
+        else:
+            box = _fit(g.shape, self.tiles.vector)
+        kept_box = tuple(1 if a in axes else b for a, b in enumerate(box))
         for origin, extent, first, last in _boxes(g.shape, box, axes):
+            rows = (
+                tuple(0 if a in axes else o for a, o in enumerate(origin)),
+                tuple(1 if a in axes else e for a, e in enumerate(extent)),
+                kept_box,
+            )
             vals: dict[int, Tile | Imm] = {}
             if g.producer is not None:
                 p = g.producer
                 vals[p.id] = _PRODUCE[p.op](self, p, origin, extent, box)
                 self.store(p.id, vals[p.id], origin, extent)
             for m in g.members:
-                srcs = [self.value(g, i, vals, origin, extent, box) for i in m.inputs]
-                dst = Tile(self.buffer(f"v{m.id}", m.dtype, box), extent)
+                if GRAPH_OPS[m.op].kind == "reduce":
+                    out = self.reduce_step(g, m, axes, vals, (origin, extent, box), first, last)
+                    if out is not None:
+                        vals[m.id] = out
+                    continue
+                at, ext, cap = (origin, extent, box) if m.shape == g.shape else rows
+                srcs = [self.value(g, i, vals, at, ext, cap) for i in m.inputs]
+                dst = Tile(self.buffer(f"v{m.id}", m.dtype, cap), ext)
                 self.emit(m.op, dst, *srcs)
                 vals[m.id] = dst
-                self.store(m.id, dst, origin, extent)
-            if red is not None:
-                self.reduce_step(g, red, axes, vals, (origin, extent, box), first, last)
+                self.store(m.id, dst, at, ext)
 
-    def reduce_step(self, g: _Group, red: Node, axes, vals, where, first, last) -> None:
+    def reduce_step(self, g: _Group, red: Node, axes, vals, where, first, last) -> Tile | None:
+        """Reduce one box into the accumulator; after the last box, finish and store."""
         origin, extent, box = where
         src = self.value(g, red.inputs[0], vals, origin, extent, box, need_tile=True)
         kept = tuple(1 if a in axes else e for a, e in enumerate(extent))
@@ -441,7 +534,7 @@ class _Emitter:
         out = Tile(self.buffer(f"acc{red.id}", adt, cap), kept)
         self.emit(op, out, src, acc=int(not first), axes=axes)
         if not last:
-            return
+            return None
         if red.op == "mean":
             count = math.prod(g.shape[a] for a in axes)
             mean = Tile(self.buffer(f"mean{red.id}", adt, cap), kept)
@@ -454,6 +547,7 @@ class _Emitter:
         shape = tuple(1 if a in axes else d for a, d in enumerate(g.shape))
         at = tuple(0 if a in axes else o for a, o in enumerate(origin))
         self.store(red.id, out, at, kept, shape=shape)
+        return out
 
     def transpose(self, g: _Group) -> None:
         node = g.node
@@ -513,16 +607,6 @@ class _Emitter:
             self.emit("store", _compact(View(name, offset, extent, strides)), tile)
 
     # -- producers ---------------------------------------------------------------
-    def producer_box(self, node: Node) -> tuple[int, ...]:
-        t = self.tiles
-        if node.op == "matmul":
-            m, n = node.shape[-2:]
-            return (1,) * (node.type.rank - 2) + (min(t.m, m), min(t.n, n))
-        _, oh, ow, f = node.shape
-        if ow <= t.m:
-            return (1, min(oh, max(1, t.m // ow)), ow, min(t.n, f))
-        return (1, 1, t.m, min(t.n, f))
-
     def finish(self, node: Node, acc: Tile, extent, box) -> Tile:
         """The producer's value as a box-shaped tile of its own dtype."""
         if self.buffers[acc.buf].dtype == node.dtype:
@@ -605,7 +689,7 @@ _EMIT = {
 def run(graph: Graph, options: Options, machine: dict) -> visa.Program:
     """Lower a traced graph to a tiled vISA program for ``machine``."""
     tiles = _tiles(options, machine)
-    plan = _Planner(graph, options.fusion)
+    plan = _Planner(graph, options.fusion, tiles)
     tensors, home, pads = _homes(plan)
     emitter = _Emitter(plan, tiles, home, pads)
     for group in plan.groups:

@@ -93,7 +93,7 @@ def _mma(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> None:
 
 def _elementwise(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> None:
     out = _type(instr.arg("dst"))
-    values = [np.broadcast_to(s, out.shape) if s.ndim == 0 else s for s in srcs]
+    values = [np.broadcast_to(s, out.shape) for s in srcs]  # immediates, row operands
     attrs = {"dtype": out.dtype} if instr.opcode == "cast" else {}
     _put(dst, evaluate(instr.opcode, values, attrs, out))
 

@@ -461,9 +461,15 @@ def _kinds(instr: Instr, dst: type, *srcs: tuple[type, ...] | type) -> None:
 
 
 def _same_shape(instr: Instr) -> None:
+    """Tile operands match the result, or repeat along its dims where they have size 1."""
+    out = instr.dst.shape
     for src in instr.srcs:
         if not isinstance(src, Imm):
-            _need(src.shape == instr.dst.shape, f"operand shape {src.shape} != {instr.dst.shape}")
+            _need(
+                len(src.shape) == len(out)
+                and all(s in (d, 1) for s, d in zip(src.shape, out, strict=True)),
+                f"operand shape {src.shape} does not broadcast to {out}",
+            )
 
 
 def _check_load(c: _Ctx, instr: Instr) -> None:

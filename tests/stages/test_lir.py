@@ -266,6 +266,31 @@ def g_conv(padding=(0, 0), stride=(1, 1), dilation=(1, 1), bias=False, name="con
     return b.graph(y)
 
 
+def g_resident_rows():
+    """Row reductions whose results feed later ops in the same tile, in every way they can."""
+    b = GraphBuilder("resident_rows")
+    x, w = b.arg("x", (24, 40)), b.arg("w", (40, 30))
+    mx = b.max(x, axes=(1,), keepdims=True)
+    spread = b.broadcast(mx, shape=(24, 40))
+    shifted = b.exp(spread)  # a unary op on a broadcast row operand
+    total = b.sum(b.sub(x, spread), axes=(1,), keepdims=True)
+    y = b.matmul(x, w)  # softmax as the matmul's epilogue
+    ymax = b.broadcast(b.max(y, axes=(1,), keepdims=True), shape=(24, 30))
+    e = b.exp(b.sub(y, ymax))
+    soft = b.div(e, b.broadcast(b.sum(e, axes=(1,), keepdims=True), shape=(24, 30)))
+    cols = b.mean(x, axes=(0,), keepdims=True)  # reduced over rows instead
+    centered = b.sub(x, b.broadcast(cols, shape=(24, 40)))
+    return b.graph(
+        shifted,
+        b.mul(total, b.broadcast(b.const(0.5), shape=(24, 1))),
+        spread,  # a result that is an in-group broadcast: copied from the stored max
+        b.reshape(spread, shape=(960,)),
+        soft,
+        centered,
+        b.min(x, axes=(1,)),
+    )
+
+
 def g_example_shapes():
     """The example kernels' shapes, hand-built: gemm, softmax, layernorm, row sum/max..."""
     b = GraphBuilder("examples")
@@ -291,6 +316,14 @@ def g_example_shapes():
     )
 
 
+def g_softmax_long():
+    b = GraphBuilder("softmax_long")
+    x = b.arg("x", (3, 5000))
+    mx = b.broadcast(b.max(x, axes=(1,), keepdims=True), shape=(3, 5000))
+    e = b.exp(b.sub(x, mx))
+    return b.graph(b.div(e, b.broadcast(b.sum(e, axes=(1,), keepdims=True), shape=(3, 5000))))
+
+
 CASES = {
     "unary": (g_unary, 1e-4),
     "binary": (g_binary, 1e-4),
@@ -312,6 +345,8 @@ CASES = {
     "conv_stride": (lambda: g_conv((1, 2), (2, 2)), 1e-4),
     "conv_dilation": (lambda: g_conv((2, 1), (1, 2), (2, 2), bias=True), 1e-4),
     "examples": (g_example_shapes, 1e-4),
+    "resident_rows": (g_resident_rows, 1e-4),
+    "long_rows": (lambda: g_softmax_long(), 1e-4),
 }
 
 

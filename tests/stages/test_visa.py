@@ -123,14 +123,24 @@ def test_without_fusion_every_op_stores_its_result():
     assert ops(program).count("store") == 3
 
 
-def test_elementwise_chain_ends_in_a_fused_reduction():
+def test_softmax_rows_stay_resident():
     program = lower(kernel("softmax", R=64, C=128))
-    # max pass; then sub+exp+sum on the resident tile (exp stored for the divide); divide pass
-    assert ops(program).count("sub") == ops(program).count("exp") == ops(program).count("sum")
-    stored = {i.dst.tensor for i in program.instrs if i.op == "store"}
-    assert len(stored) == 4  # the row max, exp, the row sum and the result; never x - max
+    box = ["load", "max", "sub", "exp", "sum", "div", "store"]
+    assert ops(program) == box * 2  # two boxes of 32 whole rows: x is read once, never x - max
+    (sub,) = {i for i in program.instrs if i.op == "sub"}
+    assert sub.srcs[1].shape == (32, 1), "the row max is a broadcast operand"
+    assert scratch(program) == []
     unfused = lower(kernel("softmax", R=64, C=128), fusion=False)
-    assert len(scratch(unfused)) > len(scratch(program))
+    assert len(scratch(unfused)) == 4  # max, x - max, exp, sum
+
+
+def test_rows_longer_than_a_tile_accumulate_across_tiles():
+    graph = kernel("softmax", R=4, C=8192)
+    program = lower(graph, vector_tile=1024)
+    maxes = [i for i in program.instrs if i.op == "max"]
+    assert [i.attr("acc") for i in maxes[:8]] == [0] + [1] * 7
+    assert scratch(program)  # the row max and sum go through DRAM
+    compile_and_run(program, graph)
 
 
 def test_reshape_and_broadcast_are_views_not_copies():
