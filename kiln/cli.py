@@ -15,7 +15,7 @@ from pathlib import Path
 from kiln.errors import KilnError
 from kiln.log import setup_logging
 
-DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary")
+DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
 OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench")
 
 

@@ -32,7 +32,8 @@ def cmd_compile(args) -> int:
     project = _project()
     instances = _select(project, args.filters, args.package, args.shapes)
     dumps = {
-        k: getattr(args, f"dump_{k}") for k in ("dfg", "visa", "ir", "graph", "schedule", "summary")
+        k: getattr(args, f"dump_{k}")
+        for k in ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
     }
     dumps = {k: v for k, v in dumps.items() if v is not None}
     if dumps:

@@ -28,6 +28,12 @@ def compile_instances(project: Project, instances: list[KernelInstance], jobs: i
 
 def write_dump(project: Project, inst: KernelInstance, kind: str, path: Path) -> None:
     """Write one dump of an already built instance, from the owning stage's artifact."""
+    if kind == "mlir":  # the iree target's input, made from the traced graph
+        from runners.iree import dump_mlir
+        from tasks.running import kernel_artifacts
+
+        dump_mlir(kernel_artifacts(project, inst).graph, path)
+        return
     owner, _ = DUMP_FILES[kind]
     stage = next((s for s in project.pipeline.stages if s.name == owner), None)
     if stage is None:

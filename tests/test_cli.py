@@ -77,3 +77,11 @@ def test_log_info_to_a_file(project):
     text = log.read_text()
     assert "kiln.tasks INFO: loaded" in text
     assert "vector_add.small trace: wrote" in text
+
+
+def test_dump_mlir_writes_the_iree_input(project):
+    target = project / "k.mlir"
+    proc = run_kiln(project, "compile", "softmax", "--dump-mlir", str(target), check=True)
+    text = target.read_text()
+    assert "func.func @softmax" in text and "tensor<8x64xf32>" in text
+    assert "wrote mlir dump of softmax.small" in proc.stdout
