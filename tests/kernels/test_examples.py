@@ -98,6 +98,7 @@ REFERENCE = {
     "transpose": np.transpose,
     "row_sum": lambda x: x.sum(axis=-1),
     "row_max": lambda x: x.max(axis=-1),
+    "attention_scores": lambda q, k: q @ k.T / np.sqrt(q.shape[-1]),
     "softmax": _softmax,
     "layernorm": _layernorm,
 }

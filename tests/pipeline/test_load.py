@@ -483,7 +483,7 @@ def test_large_pipeline_round_trips_through_the_cache(project: Path, tmp_path: P
     project.write_text(text.replace("kernels:\n", "kernels:\n" + many, 1))
     first = load_pipeline_cached(project, tmp_path / "cache")
     again = load_pipeline_cached(project, tmp_path / "cache")
-    assert again == first and len(again.kernels) == 609
+    assert again == first and len(again.kernels) == 610
     assert again.kernel("k599").shape_set("small") == {"M": 600, "N": 8}
     k599_small = line_of(text, "^kernels:") + 3 * 599 + 3
     assert again.locate("kernels.k599.shapes.small.M").line == k599_small
