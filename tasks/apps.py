@@ -137,6 +137,7 @@ class Dispatcher:
     _built: set[str] = field(default_factory=set)
     _prepared: dict[str, Any] = field(default_factory=dict)
     _graphs: dict[str, Any] = field(default_factory=dict)
+    _memo: dict[tuple, KernelInstance | None] = field(default_factory=dict)
     _warned: set[tuple] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -144,7 +145,8 @@ class Dispatcher:
 
         if self.runner is None:
             self.runner = make_runner(self.project, self.target)
-        self._built = {i.name for i in self.plan.instances}
+        self._planned = {i.name for i in self.plan.instances}
+        self._built = set(self._planned)
         self._reached = {r.kernel.path for r in self.plan.reached}
 
     @property
@@ -182,12 +184,30 @@ class Dispatcher:
         return result
 
     def instance_for(self, fn, arrays: dict, dtypes: dict, site) -> KernelInstance | None:
-        """The instance matching the call; compiled now (with a warning) if it was not built."""
+        """The instance matching the call; one outside the app's build is compiled now, and
+        each call site reaching it is a warning. None: not compilable, run eagerly."""
         from kiln.lang.device import check_dims
 
         check_dims(fn, {n: a.shape for n, a in arrays.items()})
         bindings = _bindings(fn, arrays)
         path = f"{fn.__module__}.{fn.__name__}"
+        key = (path, bindings, tuple(sorted(dtypes.items())))
+        if key not in self._memo:
+            self._memo[key] = self._match(path, bindings, dtypes) or self._new(
+                fn, path, bindings, dtypes
+            )
+        inst = self._memo[key]
+        if inst is None:
+            self._warn(
+                (path, site),
+                f"{self._where(site)}: kernel {path} is not a top-level @device function of a "
+                "project module, so it cannot be compiled; it ran eagerly on the host",
+            )
+        elif inst.name not in self._planned:
+            self._jit(inst, fn, site, bindings)
+        return inst
+
+    def _match(self, path: str, bindings, dtypes: dict) -> KernelInstance | None:
         for inst in self.project.instances:
             if inst.source.path != path:
                 continue
@@ -196,22 +216,10 @@ class Dispatcher:
             if all(sizes.get(d) == v for d, v in bindings) and all(
                 spec.arg_dtype(a) == t for a, t in dtypes.items()
             ):
-                if inst.name not in self._built:
-                    self._jit(inst, fn, site, bindings, declared=True)
                 return inst
-        source = self._source(fn, path)
-        if source is None:
-            self._warn(
-                (path, site),
-                f"{self._where(site)}: kernel {path} is not a top-level @device function of a "
-                "project module, so it cannot be compiled; it ran eagerly on the host",
-            )
-            return None
-        inst = self._new_instance(source, bindings, dtypes)
-        self._jit(inst, fn, site, bindings, declared=False)
-        return inst
+        return None
 
-    def _jit(self, inst: KernelInstance, fn, site, bindings, declared: bool) -> None:
+    def _jit(self, inst: KernelInstance, fn, site, bindings) -> None:
         from tasks.running import build
 
         sizes = ", ".join(f"{d}={v}" for d, v in bindings)
@@ -227,10 +235,10 @@ class Dispatcher:
             if self.eager
             else f"compiled on first use as {inst.name}"
         )
-        if declared and not seen:
+        if not seen and not inst.shape_set.startswith("jit_"):
             how += " (a shape set pipeline.yaml declares, outside the app's build)"
         self._warn((inst.name, site), f"{self._where(site)}: {why}; {how}")
-        if not self.eager:
+        if inst.name not in self._built and not self.eager:
             build(self.project, [inst])
         self._built.add(inst.name)
 
@@ -257,7 +265,11 @@ class Dispatcher:
         info = self.project.discovery.module(fn.__module__, module_file)
         return next((k for k in info.kernels if k.name == fn.__name__), None)
 
-    def _new_instance(self, source, bindings, dtypes: dict) -> KernelInstance:
+    def _new(self, fn, path: str, bindings, dtypes: dict) -> KernelInstance | None:
+        """A JIT instance named after its bindings (``gemm.jit_M8_K32_N4``)."""
+        source = self._source(fn, path)
+        if source is None:
+            return None
         pipeline = self.project.pipeline
         specs = [s for s in pipeline.kernels if self.project.kernels.get(s.name) == source]
         shape_set = "jit_" + "_".join(f"{d}{v}" for d, v in bindings)
@@ -267,7 +279,7 @@ class Dispatcher:
         names = {s.name for s in pipeline.kernels}
         kernel = source.name if source.name not in names else source.path.replace(".", "_")
         values = list(dtypes.values())
-        dtype = max(set(values), key=values.count) if values else "f32"
+        dtype = max(sorted(set(values)), key=values.count) if values else "f32"
         if specs or kernel in names:
             kernel += "_" + "_".join(sorted(set(values)))
         overrides = tuple((a, t) for a, t in dtypes.items() if t != dtype)
@@ -290,7 +302,7 @@ class Dispatcher:
                 text += f", {s.cycles} cycles"
             lines.append(text)
         if self.warnings:
-            lines.append(f"  {len(self.warnings)} warning(s): calls compiled on first use (above)")
+            lines.append(f"  {len(self.warnings)} warning(s) above: calls outside the app's build")
         return lines
 
 

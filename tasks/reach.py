@@ -352,8 +352,9 @@ class Reachability:
 
         entry = _Path(None, ())
         visit((app_module, INIT), entry)
-        if "main" in self.scan(app_module).symbols:
-            visit((app_module, "main"), entry)
+        main = self.resolve_name(app_module, "main")  # defined here, or imported
+        if main is not None and main[0] == "symbol":
+            visit((main[1], main[2]), entry)
         while queue:
             module, name = queue.popleft()
             scan = self.scan(module)

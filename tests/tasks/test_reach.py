@@ -245,6 +245,22 @@ def test_reexport_relative_import_and_local_helper(tmp_path):
     }
 
 
+def test_main_imported_from_another_module_is_an_entry(tmp_path):
+    found = reached(
+        tmp_path,
+        {
+            "apps/impl.py": """
+                from kernels.normalization import softmax
+
+                def main():
+                    return softmax(1)
+                """,
+            "apps/app.py": "from .impl import main\n",
+        },
+    )
+    assert found == {"kernels.normalization.softmax": "called at apps/impl.py:4"}
+
+
 def test_import_time_code_and_function_local_imports(tmp_path):
     found = reached(
         tmp_path,
@@ -324,24 +340,37 @@ def test_a_dynamic_call_is_compiled_on_first_use_with_a_warning(project):
 
             import numpy as np
 
+            from kernels.normalization import softmax
+
 
             def main():
                 fn = getattr(importlib.import_module("kernels.linalg"), "gemm")
                 a = np.ones((8, 32), np.float32)
-                return fn(a, np.ones((32, 4), np.float32))
+                p = softmax(np.ones((4, 10)))
+                return fn(a, np.ones((32, 4), np.float32)), p, softmax(p)
             """
         ).lstrip()
     )
     pipe = project / "pipeline.yaml"
     pipe.write_text(pipe.read_text() + DYN_PIPELINE_APPS)
     proc = run_kiln(project, "run", "dyn", "--target", "sim", check=True)
-    assert "reaches 0 kernels" in proc.stdout
+    assert "reaches 1 kernel:" in proc.stdout and "softmax -> softmax.small" in proc.stdout
     assert (
-        "warning: apps/dyn.py:9: this call of gemm (M=8, K=32, N=4) was not seen by the "
+        "warning: apps/dyn.py:12: this call of gemm (M=8, K=32, N=4) was not seen by the "
         "static scan of app 'dyn'; compiled on first use as gemm.jit_M8_K32_N4"
     ) in proc.stderr
-    assert {t.rsplit(".", 1)[0] for t in ran_tasks(proc)} == {"compile:gemm.jit_M8_K32_N4"}
+    for line in (11, 12):  # an unseen shape: one warning per call site, one compile
+        assert (
+            f"warning: apps/dyn.py:{line}: softmax is called at R=4, C=10, which no shape set "
+            "of pipeline.yaml declares; compiled on first use as softmax.jit_R4_C10"
+        ) in proc.stderr
+    assert {t.rsplit(".", 1)[0] for t in ran_tasks(proc)} == {
+        "compile:softmax.small",
+        "compile:gemm.jit_M8_K32_N4",
+        "compile:softmax.jit_R4_C10",
+    }
     assert (project / "build/kiln/kernel/gemm/jit_M8_K32_N4/kernel.edf").is_file()
-    assert "out: f32[8, 4]  min 32  max 32" in proc.stdout
+    assert "out 0: f32[8, 4]  min 32  max 32" in proc.stdout
+    assert "call softmax.jit_R4_C10: 2x" in proc.stdout
     again = run_kiln(project, "run", "dyn", "--target", "sim", check=True)
-    assert ran_tasks(again) == [] and "compiled on first use" in again.stderr
+    assert ran_tasks(again) == [] and again.stderr.count("compiled on first use") == 3
