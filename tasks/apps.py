@@ -369,7 +369,11 @@ def _app_traceback(exc: BaseException) -> str:
     """The exception's traceback without Kiln's own frames above the app's code."""
     tb = traceback.TracebackException.from_exception(exc)
     frames = list(tb.stack)
-    while frames and frames[0].filename.startswith(_KILN_DIRS):
+    while frames and (
+        frames[0].filename.startswith(_KILN_DIRS)
+        or frames[0].filename.startswith("<frozen importlib")
+        or frames[0].filename == importlib.__file__
+    ):
         frames.pop(0)
     tb.stack = traceback.StackSummary.from_list(frames)
     return "".join(tb.format())
