@@ -164,7 +164,7 @@ def sim_throughput(sizes, repeat: int) -> list[Row]:
             end = time.perf_counter()
             run_s.append(end - t_run)
             total_s.append(end - start)
-    n = len(prepared.scheduled.program.instrs)
+    n = len(prepared.edf.scheduled.program.instrs)
     execute, whole = statistics.median(run_s), statistics.median(total_s)
     print(
         f"sim layernorm {rows}x{cols} on npu-tiny: {n} LIR instructions; execute "

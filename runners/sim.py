@@ -19,6 +19,7 @@ from kiln.errors import TargetError
 from kiln.ir.edf import EdfFile
 from kiln.ir.interp import NUMPY_DTYPES
 from kiln.ir.lir import Instr, ScheduledProgram, Slot
+from kiln.ir.lir_exec import LirExecError
 from runners.base import KernelArtifacts, Runner, RunResult
 
 
@@ -97,10 +98,37 @@ def bounds_errors(sp: ScheduledProgram) -> list[str]:
     return errors
 
 
+@dataclass
+class SimBinary:
+    """A decoded, checked EDF bound to its own simulated memories, ready to run many times."""
+
+    edf: EdfFile
+    dram: np.ndarray
+    sram: np.ndarray
+    steps: list  # one bound closure per instruction, in schedule order
+
+    @staticmethod
+    def load(edf: EdfFile) -> SimBinary:
+        from runners.sim_exec import bind
+
+        sp = edf.scheduled
+        program = sp.program
+        dram = np.zeros(program.dram_bytes, dtype=np.uint8)
+        sram = np.zeros(program.sram_bytes, dtype=np.uint8)
+        order = sorted(range(len(program.instrs)), key=lambda k: (sp.slots[k].start, k))
+        try:
+            steps = [bind(program.instrs[k], dram, sram) for k in order]
+        except LirExecError as exc:
+            raise TargetError(
+                f"{program.kernel}: the simulator cannot run this binary: {exc}"
+            ) from None
+        return SimBinary(edf, dram, sram, steps)
+
+
 class SimRunner(Runner):
     kind = "sim"
 
-    def prepare(self, artifacts: KernelArtifacts) -> EdfFile:
+    def prepare(self, artifacts: KernelArtifacts) -> SimBinary:
         from kiln.inspect_edf import load_edf
 
         if artifacts.edf is None:
@@ -109,9 +137,12 @@ class SimRunner(Runner):
                 "edf stage",
                 hint="end `stages:` with {name: edf, module: stages.edf}",
             )
+        from kiln.ir.edf import gc_paused
+
         edf = load_edf(artifacts.edf)  # ArtifactError on a bad checksum or a truncated file
-        self.check(edf.scheduled, str(artifacts.edf))
-        return edf
+        with gc_paused():  # thousands of long-lived views and closures: nothing to collect
+            self.check(edf.scheduled, str(artifacts.edf))
+            return SimBinary.load(edf)
 
     def check(self, sp: ScheduledProgram, where: str) -> None:
         from kiln.ir.schedule_check import check_schedule
@@ -126,18 +157,17 @@ class SimRunner(Runner):
                 + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else []),
             )
 
-    def run(self, prepared: EdfFile, inputs: list[np.ndarray]) -> RunResult:
-        from kiln.ir.lir_exec import execute
-
-        sp = prepared.scheduled
-        program = sp.program
-        dram = np.zeros(program.dram_bytes, dtype=np.uint8)
-        sram = np.zeros(program.sram_bytes, dtype=np.uint8)
+    def run(self, prepared: SimBinary | EdfFile, inputs: list[np.ndarray]) -> RunResult:
+        if isinstance(prepared, EdfFile):  # a decoded binary not bound yet
+            prepared = SimBinary.load(prepared)
+        program = prepared.edf.scheduled.program
         in_slots = [a for a in program.args if a.role == "input"]
         if len(inputs) != len(in_slots):
             raise TargetError(
                 f"{program.kernel}: expects {len(in_slots)} inputs, got {len(inputs)}"
             )
+        prepared.dram.fill(0)
+        prepared.sram.fill(0)
         for slot, array in zip(in_slots, inputs, strict=True):
             data = np.ascontiguousarray(np.asarray(array, dtype=NUMPY_DTYPES[slot.dtype]))
             if data.shape != tuple(slot.shape):
@@ -145,19 +175,23 @@ class SimRunner(Runner):
                     f"{program.kernel}: input {slot.name} has shape "
                     f"{list(data.shape)}, the binary expects {list(slot.shape)}"
                 )
-            dram[slot.dram_offset : slot.dram_offset + slot.nbytes] = data.view(np.uint8).ravel()
-        order = sorted(range(len(program.instrs)), key=lambda k: (sp.slots[k].start, k))
+            end = slot.dram_offset + slot.nbytes
+            prepared.dram[slot.dram_offset : end] = data.view(np.uint8).ravel()
         start = time.perf_counter()
-        for k in order:
-            execute(program.instrs[k], dram, sram)
+        try:
+            with np.errstate(all="ignore"):
+                for step in prepared.steps:
+                    step()
+        except LirExecError as exc:
+            raise TargetError(f"{program.kernel}: simulation failed: {exc}") from None
         elapsed = time.perf_counter() - start
         outputs = []
         for slot in program.args:
             if slot.role != "output":
                 continue
-            raw = dram[slot.dram_offset : slot.dram_offset + slot.nbytes]
+            raw = prepared.dram[slot.dram_offset : slot.dram_offset + slot.nbytes]
             outputs.append(raw.view(NUMPY_DTYPES[slot.dtype]).reshape(slot.shape).copy())
-        return RunResult(outputs, self.metrics(prepared, elapsed))
+        return RunResult(outputs, self.metrics(prepared.edf, elapsed))
 
     def clock_mhz(self, edf: EdfFile) -> float:
         """The clock of the machine the binary was compiled for (recorded in its metadata)."""

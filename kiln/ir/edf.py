@@ -372,7 +372,10 @@ def _decode(raw: bytes, path_hint: str) -> EdfFile:
             ) from None
 
     program = parse(SIGNATURE, _decode_signature)
-    instrs = parse(INSTRUCTIONS, lambda data: tuple(instr_from_obj(i) for i in _unpack(data)))
+    # arrays come back as tuples, which is what the IR holds: nothing to convert
+    instrs = parse(
+        INSTRUCTIONS, lambda data: tuple(instr_from_obj(i) for i in _unpack(data, tuples=True))
+    )
     slots, policy = parse(SCHEDULE, _decode_schedule)
     if len(slots) != len(instrs):
         sec = layout.section(SCHEDULE)
@@ -413,8 +416,8 @@ def _decode_metadata(data: bytes) -> dict:
     return meta
 
 
-def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
+def _unpack(data: bytes, tuples: bool = False) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=not tuples, strict_map_key=False)
 
 
 def _decode_schedule(data: bytes) -> tuple[tuple[Slot, ...], str]:
