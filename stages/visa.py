@@ -449,25 +449,25 @@ class _Emitter:
                     del self.loaded[buf]
         self.instrs.append(visa.Instr(op, dst, tuple(srcs), tuple(sorted(attrs.items()))))
 
-    def view(self, nid: int, origin, extent) -> View:
+    def view(self, nid: int, origin, extent) -> View | None:
+        """The DRAM view of a box of node ``nid`` (None for an immediate)."""
         ref = self.plan.loc[nid]
+        if isinstance(ref, Imm):
+            return None
         offset = ref.offset + sum(o * s for o, s in zip(origin, ref.strides, strict=True))
         return _compact(View(self.home[ref.base], offset, tuple(extent), ref.strides))
 
     def operand(self, nid: int, buf: str, view: View | None, shape, cap) -> Tile:
-        """Node ``nid``'s data in ``buf`` (loaded from ``view``, or filled if immediate)."""
+        """Node ``nid``'s data in ``buf``: loaded from ``view``, or filled (no view: immediate)."""
         tile = Tile(self.buffer(buf, self.graph.node(nid).dtype, tuple(cap)), tuple(shape))
-        ref = self.plan.loc[nid]
-        if isinstance(ref, Imm):
-            self.emit("fill", tile, ref)
+        if view is None:
+            self.emit("fill", tile, self.plan.loc[nid])
         else:
             self.emit("load", tile, view)
         return tile
 
     def tile(self, nid: int, buf: str, origin, extent, cap) -> Tile:
-        ref = self.plan.loc[nid]
-        view = None if isinstance(ref, Imm) else self.view(nid, origin, extent)
-        return self.operand(nid, buf, view, extent, cap)
+        return self.operand(nid, buf, self.view(nid, origin, extent), extent, cap)
 
     def store(self, nid: int, tile: Tile, origin, extent, shape=None, dest=None) -> None:
         tensor = dest or self.home.get(nid)
@@ -657,16 +657,12 @@ class _Emitter:
         for i, j, c0 in product(range(kh), range(kw), range(0, c, tk)):
             bc = min(tk, c - c0)
             va = None
-            if isinstance(xref, _Ref):
+            if node.id in self.pads or isinstance(xref, _Ref):
                 off = xoff + n * xs[0] + (oh0 * sh + i * dh) * xs[1]
                 off += (ow0 * sw + j * dw) * xs[2] + c0 * xs[3]
                 strides = (sh * xs[1], sw * xs[2], xs[3])
                 va = _compact(View(xt, off, (rows, owb, bc), strides))
-            vb = (
-                None
-                if isinstance(self.plan.loc[w], Imm)
-                else self.view(w, (i, j, c0, f0), (1, 1, bc, fb))
-            )
+            vb = self.view(w, (i, j, c0, f0), (1, 1, bc, fb))
             ta = self.operand(x, f"lhs{node.id}", va, (rows * owb, bc), (cap_m, tk))
             tb = self.operand(w, f"rhs{node.id}", vb, (bc, fb), (tk, cap_n))
             self.emit("mma", acc, ta, tb, acc=int(not first))

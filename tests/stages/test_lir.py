@@ -291,6 +291,16 @@ def g_resident_rows():
     )
 
 
+def g_const_operands():
+    b = GraphBuilder("const_operands")
+    a = b.arg("a", (20, 12))
+    ones = b.broadcast(b.const(1.0), shape=(12, 9))
+    x = b.broadcast(b.const(2.0), shape=(1, 5, 6, 3))
+    w = b.arg("w", (3, 3, 3, 4))
+    conv = b.conv2d(x, w, stride=(1, 1), padding=(1, 1), dilation=(1, 1))
+    return b.graph(b.matmul(a, ones), conv, b.transpose(ones, perm=(1, 0)))
+
+
 def g_example_shapes():
     """The example kernels' shapes, hand-built: gemm, softmax, layernorm, row sum/max..."""
     b = GraphBuilder("examples")
@@ -346,6 +356,7 @@ CASES = {
     "conv_dilation": (lambda: g_conv((2, 1), (1, 2), (2, 2), bias=True), 1e-4),
     "examples": (g_example_shapes, 1e-4),
     "resident_rows": (g_resident_rows, 1e-4),
+    "const_operands": (g_const_operands, 1e-4),
     "long_rows": (lambda: g_softmax_long(), 1e-4),
 }
 
