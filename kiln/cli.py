@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.log import setup_logging
+from kiln.logconfig import setup_logging
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
 OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench")
@@ -70,8 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("-p", "--package", action="append", default=[], metavar="PKG")
     s.add_argument("--all", action="store_true", help="list up-to-date tasks too")
 
-    r = sub.add_parser("run", help="run a kernel (or an app) on a target")
-    r.add_argument("name", metavar="KERNEL")
+    r = sub.add_parser("run", help="run a kernel, or an app of pipeline.yaml, on a target")
+    r.add_argument("name", metavar="KERNEL|APP")
     r.add_argument("--target", default="cpu")
     r.add_argument("--shapes", metavar="NAME")
     r.add_argument("--seed", type=int, default=0)

@@ -16,7 +16,7 @@ from pathlib import Path
 from doit.exceptions import TaskFailed
 
 from kiln.errors import KilnError, Location, StageError
-from kiln.log import get_logger
+from kiln.logconfig import get_logger
 
 DIAGNOSTIC_MARK = "KILN-DIAGNOSTIC "
 log = get_logger("stage")

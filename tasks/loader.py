@@ -10,7 +10,7 @@ from pathlib import Path
 from doit.cmd_base import TaskLoader2
 from doit.loader import generate_tasks
 
-from kiln.log import get_logger, setup_logging
+from kiln.logconfig import get_logger, setup_logging
 from tasks.compile import compile_tasks
 from tasks.project import Project
 
