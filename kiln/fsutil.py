@@ -38,3 +38,25 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
             pass
         raise
     return True
+
+
+def read_artifact(path: str | os.PathLike, what: str, decode, *, errors=(Exception,)):
+    """Read and decode one artifact; any failure is an ArtifactError naming the file.
+
+    ``what`` names the artifact in the message ("LIR artifact"); ``decode``
+    turns its bytes into the IR; exceptions of the types in ``errors`` mean
+    the file is corrupt (decoders raise many kinds on damaged input).
+    """
+    from kiln.errors import ArtifactError, Location
+
+    where = Location(str(path))
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {what}: {exc.strerror or exc}", where) from None
+    try:
+        return decode(raw)
+    except errors as exc:
+        raise ArtifactError(
+            f"corrupt {what} ({type(exc).__name__}: {exc})", where, hint="delete it and rebuild"
+        ) from None

@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import re
-import tempfile
 import time as _time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import TargetError
+from kiln.fsutil import write_bytes_atomic
 from kiln.ir.graph import Graph
 from kiln.ir.interp import NUMPY_DTYPES
 from runners.base import KernelArtifacts, Runner, RunResult
@@ -130,22 +130,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln") / "iree"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def dump_mlir(graph: Graph, path: str | os.PathLike) -> Path:
     """Write the MLIR the iree target compiles for ``graph`` (atomically)."""
     path = Path(path)
-    _atomic_write(path, to_mlir(graph).encode())
+    write_bytes_atomic(path, to_mlir(graph).encode())
     return path
 
 
@@ -290,7 +278,7 @@ class IreeRunner(Runner):
             function = None
         if function is None:
             vmfb, seconds = compile_graph(graph, config)
-            _atomic_write(path, vmfb)
+            write_bytes_atomic(path, vmfb)
             function = _load(runtime, device, vmfb, graph)
             metrics.update(cache="miss", compile_s=seconds)
         return IreePrepared(graph, path, function, device, metrics)

@@ -17,10 +17,9 @@ import math
 import os
 from bisect import bisect_right
 from dataclasses import dataclass
-from pathlib import Path
 
-from kiln.errors import ArtifactError, Location, StageError, VerifyError
-from kiln.fsutil import write_bytes_atomic
+from kiln.errors import StageError, VerifyError
+from kiln.fsutil import read_artifact, write_bytes_atomic
 from kiln.ir import visa
 from kiln.ir.lir import DEP_KINDS, Access, ArgSlot, Dep, Instr, Program, unit_kind
 from kiln.ir.visa import ITEMSIZE, Imm, Tile, View
@@ -318,19 +317,7 @@ def serialize(program: Program) -> bytes:
 
 def read(path: str | os.PathLike) -> Program:
     """Load ``kernel.lir``; ArtifactError naming the file if it is missing or corrupt."""
-    where = Location(str(path))
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ArtifactError(f"cannot read LIR artifact: {exc.strerror or exc}", where) from None
-    try:
-        return Program.from_msgpack(raw)
-    except Exception as exc:  # msgpack raises many types on corrupt input
-        raise ArtifactError(
-            f"corrupt LIR artifact: {type(exc).__name__}: {exc}",
-            where,
-            hint="delete the file and rebuild (the lir stage rewrites it)",
-        ) from None
+    return read_artifact(path, "LIR artifact", Program.from_msgpack)
 
 
 _UNIT_OF = {spec.name: spec.unit for spec in visa.OPS.values()}

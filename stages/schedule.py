@@ -14,10 +14,9 @@ import json
 import os
 from dataclasses import dataclass
 from heapq import heappop, heappush
-from pathlib import Path
 
-from kiln.errors import ArtifactError, Location, StageError, VerifyError
-from kiln.fsutil import write_bytes_atomic
+from kiln.errors import StageError, VerifyError
+from kiln.fsutil import read_artifact, write_bytes_atomic
 from kiln.ir.edf import gc_paused
 from kiln.ir.lir import Program, ScheduledProgram, Slot
 from kiln.ir.schedule_check import (
@@ -216,20 +215,7 @@ def serialize(sp: ScheduledProgram) -> bytes:
 
 def read(path: str | os.PathLike) -> ScheduledProgram:
     """Load a ``kernel.sched`` artifact; ArtifactError naming the file if it is corrupt."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ArtifactError(
-            f"cannot read schedule artifact: {exc.strerror}", location=Location(str(path))
-        ) from None
-    try:
-        return ScheduledProgram.from_msgpack(raw)
-    except Exception as exc:  # msgpack, KeyError, ValueError, TypeError...
-        raise ArtifactError(
-            f"corrupt schedule artifact ({type(exc).__name__}: {exc})",
-            location=Location(str(path)),
-            hint="delete it and rebuild",
-        ) from None
+    return read_artifact(path, "schedule artifact", ScheduledProgram.from_msgpack)
 
 
 def verify(sp: ScheduledProgram, machine: dict) -> None:
