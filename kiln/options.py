@@ -21,7 +21,8 @@ def build_options(cls: type[T], values: dict[str, Any] | None, stage: str) -> T:
             close = difflib.get_close_matches(key, list(fields), n=1)
             raise StageError(
                 f"unknown option {key!r} for stage {stage!r}",
-                expected="one of: " + (", ".join(sorted(fields)) or "(this stage takes no options)"),
+                expected="one of: "
+                + (", ".join(sorted(fields)) or "(this stage takes no options)"),
                 found=key,
                 hint=f"did you mean {close[0]!r}?" if close else None,
             )

@@ -48,23 +48,32 @@ def machines_yaml() -> str:
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A small project: a copy of the example kernels and a three-kernel pipeline."""
-    shutil.copytree(REPO / "kernels", tmp_path / "kernels",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__")
+    )
     (tmp_path / "pipeline.yaml").write_text(SMALL_PIPELINE + machines_yaml())
     return tmp_path
 
 
-def run_kiln(cwd: Path, *args: str, env: dict | None = None, check: bool = False,
-             timeout: float = 300) -> subprocess.CompletedProcess:
+def run_kiln(
+    cwd: Path, *args: str, env: dict | None = None, check: bool = False, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """Run the `kiln` CLI as a user would, in ``cwd``."""
     full_env = dict(os.environ, PYTHONPATH=str(REPO), KILN_CACHE_DIR=str(cwd / ".cache"))
     full_env.pop("KILN_OUT_DIR", None)
     full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-m", "kiln.cli", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kiln.cli", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"kiln {' '.join(args)} failed ({proc.returncode}):\n"
-                             f"{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"kiln {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 

@@ -28,8 +28,18 @@ def test_parallel_compile(project):
 
 def test_run_kernel_on_cpu_prints_shapes_and_statistics(project):
     out_dir = project / "outs"
-    proc = run_kiln(project, "run", "gemm", "--target", "cpu", "--shapes", "wide",
-                    "--save-outputs", str(out_dir), check=True)
+    proc = run_kiln(
+        project,
+        "run",
+        "gemm",
+        "--target",
+        "cpu",
+        "--shapes",
+        "wide",
+        "--save-outputs",
+        str(out_dir),
+        check=True,
+    )
     assert "gemm.wide on cpu" in proc.stdout
     assert "in  a: f32[32, 64]" in proc.stdout and "out 0: f32[32, 64]" in proc.stdout
     assert "mean" in proc.stdout and "std" in proc.stdout
@@ -40,6 +50,7 @@ def test_run_kernel_on_cpu_prints_shapes_and_statistics(project):
 def test_run_is_deterministic_across_runs(project):
     a = run_kiln(project, "run", "softmax", "--target", "cpu", check=True).stdout
     b = run_kiln(project, "run", "softmax", "--target", "cpu", check=True).stdout
+
     def values(text):
         return [line for line in text.splitlines() if line.startswith(("  in ", "  out "))]
 
@@ -65,15 +76,25 @@ def test_message_format_json_for_pipeline_errors(project):
 
 
 def test_out_dir_from_environment(project):
-    run_kiln(project, "compile", "vector_add", env={"KILN_OUT_DIR": str(project / "elsewhere")},
-             check=True)
+    run_kiln(
+        project,
+        "compile",
+        "vector_add",
+        env={"KILN_OUT_DIR": str(project / "elsewhere")},
+        check=True,
+    )
     assert (project / "elsewhere/vector_add/small/kernel.edf").is_file()
 
 
 def test_log_info_to_a_file(project):
     log = project / "kiln.log"
-    run_kiln(project, "compile", "vector_add",
-             env={"KILN_LOG_INFO": "1", "KILN_LOG_FILE": str(log)}, check=True)
+    run_kiln(
+        project,
+        "compile",
+        "vector_add",
+        env={"KILN_LOG_INFO": "1", "KILN_LOG_FILE": str(log)},
+        check=True,
+    )
     text = log.read_text()
     assert "kiln.tasks INFO: loaded" in text
     assert "vector_add.small trace: wrote" in text

@@ -151,7 +151,7 @@ def run_graph(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     if len(inputs) != len(args):
         raise ValueError(f"{graph.name}: expects {len(args)} inputs, got {len(inputs)}")
     values: dict[int, np.ndarray] = {}
-    for node, array in zip(args, inputs):
+    for node, array in zip(args, inputs, strict=True):
         values[node.id] = np.asarray(array, dtype=NUMPY_DTYPES[node.dtype])
     for node in graph.nodes:
         if node.op == "arg":

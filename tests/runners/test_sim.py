@@ -98,8 +98,6 @@ KERNELS = [
 DTYPES = ["f32", "f16", "bf16", "i32"]
 
 
-
-
 def _cases() -> list:
     cases = []
     for fn, bindings in KERNELS:

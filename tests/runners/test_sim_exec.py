@@ -52,8 +52,7 @@ def test_fast_paths_cover_the_common_opcodes_and_are_used():
     program = edf.scheduled.program
     dram = np.zeros(program.dram_bytes, np.uint8)
     sram = np.zeros(program.sram_bytes, np.uint8)
-    generic = [i.opcode for i in program.instrs
-               if bind(i, dram, sram).__name__ == "generic"]
+    generic = [i.opcode for i in program.instrs if bind(i, dram, sram).__name__ == "generic"]
     assert {"load", "store", "mma", "add", "sum", "max"} <= set(FAST)
     # everything layernorm needs in f32 except rsqrt runs on a fast path
     assert set(generic) <= {"rsqrt"}, generic

@@ -27,8 +27,7 @@ def bump(path: Path) -> None:
 
 def test_first_build_makes_every_artifact_then_noop(project):
     first = run_kiln(project, "compile", check=True)
-    assert sorted(ran_tasks(first)) == sorted(f"compile:{i}.{s}" for i in INSTANCES
-                                              for s in STAGES)
+    assert sorted(ran_tasks(first)) == sorted(f"compile:{i}.{s}" for i in INSTANCES for s in STAGES)
     for inst in INSTANCES:
         for name in ("graph.json", "kernel.visa", "kernel.lir", "kernel.sched", "kernel.edf"):
             assert (out(project, inst) / name).stat().st_size > 0
@@ -44,8 +43,12 @@ def test_kernel_edit_reruns_only_that_kernel(project):
     text = src.read_text()
     assert "exp()" in text or "exp(" in text
     # a real change: a different numerics of softmax (scale before exp)
-    src.write_text(text.replace("return e / e.sum(axis=-1, keepdims=True)",
-                                "return (e / e.sum(axis=-1, keepdims=True)) * 1.0 + 0.0"))
+    src.write_text(
+        text.replace(
+            "return e / e.sum(axis=-1, keepdims=True)",
+            "return (e / e.sum(axis=-1, keepdims=True)) * 1.0 + 0.0",
+        )
+    )
     bump(src)
     status = run_kiln(project, "status", check=True)
     assert "compile:softmax.small.trace: would run" in status.stdout
@@ -85,9 +88,11 @@ def test_status_explains_missing_artifacts_and_option_changes(project):
     run_kiln(project, "compile", check=True)
     assert "0 of 20 tasks would run" in run_kiln(project, "status", check=True).stdout
     pipe = project / "pipeline.yaml"
-    pipe.write_text(pipe.read_text().replace("module: stages.schedule}",
-                                             "module: stages.schedule, options: {policy: "
-                                             "in-order}}"))
+    pipe.write_text(
+        pipe.read_text().replace(
+            "module: stages.schedule}", "module: stages.schedule, options: {policy: in-order}}"
+        )
+    )
     status = run_kiln(project, "status", check=True).stdout
     assert "compile:gemm.small.schedule: would run" in status
     assert "stage options changed" in status
@@ -112,8 +117,14 @@ def test_dump_with_several_kernels_is_a_clear_error(project):
 
 
 def test_every_dump_flag_writes_its_file(project):
-    files = {"dfg": "d.json", "visa": "k.visa", "ir": "k.lir", "graph": "g.json",
-             "schedule": "s.json", "summary": "summary"}
+    files = {
+        "dfg": "d.json",
+        "visa": "k.visa",
+        "ir": "k.lir",
+        "graph": "g.json",
+        "schedule": "s.json",
+        "summary": "summary",
+    }
     args = []
     for kind, name in files.items():
         args += [f"--dump-{kind}", str(project / name)]
@@ -133,13 +144,22 @@ def test_unknown_filter_is_a_clear_error(project):
 
 def test_two_concurrent_builds_both_succeed(project):
     env = dict(os.environ, PYTHONPATH=str(REPO), KILN_CACHE_DIR=str(project / ".cache"))
-    procs = [subprocess.Popen([sys.executable, "-m", "kiln.cli", "compile"], cwd=project,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "kiln.cli", "compile"],
+            cwd=project,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     results = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     assert any("waiting for" in err for _, err in results) or all(
-        "0 failed" in o for o, _ in results)
+        "0 failed" in o for o, _ in results
+    )
     after = run_kiln(project, "compile", check=True)
     assert ran_tasks(after) == []
 

@@ -14,7 +14,7 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
-KERNELS = '''
+KERNELS = """
 import kiln
 from kiln import Tensor, device
 from . import helpers
@@ -30,7 +30,7 @@ def fixed(x: Tensor[4, "N"], y):
 
 def not_a_kernel(a):
     return a
-'''
+"""
 
 
 def test_scan_finds_device_functions_dims_and_imports(tmp_path):

@@ -60,8 +60,12 @@ def test_terminal_gets_a_live_progress_display(monkeypatch, capsys):
 def test_failures_print_the_diagnostic_without_traceback(monkeypatch, capsys):
     monkeypatch.setenv("KILN_MESSAGE_FORMAT", "human")
     r = KilnReporter(io.StringIO(), {})
-    err = KilnError("tile too big", Location("k.py", 3, 5, source="x = a @ b"),
-                    expected="<= 100 bytes", found="400 bytes")
+    err = KilnError(
+        "tile too big",
+        Location("k.py", 3, 5, source="x = a @ b"),
+        expected="<= 100 bytes",
+        found="400 bytes",
+    )
     r.add_failure(task("compile:a.small.lir"), failure(err))
     printed = capsys.readouterr().err
     assert "FAILED compile:a.small.lir" in printed
