@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from kiln.errors import StageError, VerifyError
 from kiln.fsutil import read_artifact, write_bytes_atomic
 from kiln.ir import visa
+from kiln.ir.edf import gc_paused
 from kiln.ir.lir import DEP_KINDS, Access, ArgSlot, Dep, Instr, Program, unit_kind
 from kiln.ir.visa import ITEMSIZE, Imm, Tile, View
 
@@ -227,6 +228,11 @@ def _latency(ins: visa.Instr, kind: str, nbytes: int, elements: int, machine: di
 
 def run(program: visa.Program, options: Options, machine: dict) -> Program:
     """Bind units, allocate SRAM, lay out DRAM, compute latencies and dependencies."""
+    with gc_paused():  # many small long-lived records: collector passes find nothing
+        return _run(program, options, machine)
+
+
+def _run(program: visa.Program, options: Options, machine: dict) -> Program:
     units = _units(program, machine)
     tensors = program.tensor_map()
     buffers = program.buffer_map()

@@ -22,6 +22,7 @@ import numpy as np
 from kiln.errors import ArtifactError, Location, StageError, VerifyError
 from kiln.fsutil import write_bytes_atomic
 from kiln.ir import visa
+from kiln.ir.edf import gc_paused
 from kiln.ir.graph import Graph, Node
 from kiln.ir.interp import NUMPY_DTYPES
 from kiln.ir.ops import OPS as GRAPH_OPS
@@ -684,6 +685,11 @@ _EMIT = {
 
 def run(graph: Graph, options: Options, machine: dict) -> visa.Program:
     """Lower a traced graph to a tiled vISA program for ``machine``."""
+    with gc_paused():  # many small long-lived records: collector passes find nothing
+        return _run(graph, options, machine)
+
+
+def _run(graph: Graph, options: Options, machine: dict) -> visa.Program:
     tiles = _tiles(options, machine)
     plan = _Planner(graph, options.fusion, tiles)
     tensors, home, pads = _homes(plan)
