@@ -169,18 +169,54 @@ class _IntervalMap:
         self.state[lo] = (me, [])
 
 
+class _Ranges:
+    """Merged byte ranges per memory space, for "does anything ever write here?"."""
+
+    def __init__(self, ranges: dict[str, list[tuple[int, int]]]):
+        self.starts: dict[str, list[int]] = {}
+        self.ends: dict[str, list[int]] = {}
+        for space, spans in ranges.items():
+            merged: list[list[int]] = []
+            for lo, hi in sorted(spans):
+                if merged and lo <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            self.starts[space] = [lo for lo, _ in merged]
+            self.ends[space] = [hi for _, hi in merged]
+
+    def overlaps(self, a: Access) -> bool:
+        starts = self.starts.get(a.space)
+        if not starts:
+            return False
+        i = bisect_right(starts, a.end - 1) - 1
+        return i >= 0 and self.ends[a.space][i] > a.addr
+
+
+def _written_ranges(accesses) -> _Ranges:
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for _, writes in accesses:
+        for w in writes:
+            if w.nbytes > 0:
+                spans.setdefault(w.space, []).append((w.addr, w.end))
+    return _Ranges(spans)
+
+
 def compute_deps(
     accesses: list[tuple[tuple[Access, ...], tuple[Access, ...]]],
 ) -> list[tuple[Dep, ...]]:
     """Per instruction (reads, writes): its deps, one per source (raw > waw > war), by source."""
     maps: dict[str, _IntervalMap] = {}
+    written = _written_ranges(accesses)
     result = []
     for me, (reads, writes) in enumerate(accesses):
         raw: set[int] = set()
         waw: set[int] = set()
         war: set[int] = set()
         for a in reads:
-            if a.nbytes > 0:
+            # A range nothing ever writes (a kernel input) can have no dependency at all;
+            # skipping it keeps wide strided input spans out of the interval map.
+            if a.nbytes > 0 and written.overlaps(a):
                 maps.setdefault(a.space, _IntervalMap()).read(a, me, raw)
         for a in writes:
             if a.nbytes > 0:
