@@ -17,9 +17,8 @@ import numpy as np
 
 from kiln.errors import TargetError
 from kiln.ir.edf import EdfFile
-from kiln.ir.interp import NUMPY_DTYPES
 from kiln.ir.lir import Instr, ScheduledProgram, Slot
-from kiln.ir.lir_exec import LirExecError
+from kiln.ir.lir_exec import LirExecError, load_inputs, read_outputs
 from runners.base import KernelArtifacts, Runner, RunResult
 
 
@@ -161,22 +160,12 @@ class SimRunner(Runner):
         if isinstance(prepared, EdfFile):  # a decoded binary not bound yet
             prepared = SimBinary.load(prepared)
         program = prepared.edf.scheduled.program
-        in_slots = [a for a in program.args if a.role == "input"]
-        if len(inputs) != len(in_slots):
-            raise TargetError(
-                f"{program.kernel}: expects {len(in_slots)} inputs, got {len(inputs)}"
-            )
         prepared.dram.fill(0)
         prepared.sram.fill(0)
-        for slot, array in zip(in_slots, inputs, strict=True):
-            data = np.ascontiguousarray(np.asarray(array, dtype=NUMPY_DTYPES[slot.dtype]))
-            if data.shape != tuple(slot.shape):
-                raise TargetError(
-                    f"{program.kernel}: input {slot.name} has shape "
-                    f"{list(data.shape)}, the binary expects {list(slot.shape)}"
-                )
-            end = slot.dram_offset + slot.nbytes
-            prepared.dram[slot.dram_offset : end] = data.view(np.uint8).ravel()
+        try:
+            load_inputs(program, prepared.dram, inputs)
+        except ValueError as exc:
+            raise TargetError(str(exc)) from None
         start = time.perf_counter()
         try:
             with np.errstate(all="ignore"):
@@ -185,12 +174,7 @@ class SimRunner(Runner):
         except LirExecError as exc:
             raise TargetError(f"{program.kernel}: simulation failed: {exc}") from None
         elapsed = time.perf_counter() - start
-        outputs = []
-        for slot in program.args:
-            if slot.role != "output":
-                continue
-            raw = prepared.dram[slot.dram_offset : slot.dram_offset + slot.nbytes]
-            outputs.append(raw.view(NUMPY_DTYPES[slot.dtype]).reshape(slot.shape).copy())
+        outputs = read_outputs(program, prepared.dram)
         return RunResult(outputs, self.metrics(prepared.edf, elapsed))
 
     def clock_mhz(self, edf: EdfFile) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln.ir.lir import Instr
-from kiln.ir.lir_exec import OPCODES, LirExecError, operand_array
+from kiln.ir.lir_exec import apply, bind_operands
 
 Bound = Callable[[], None]
 
@@ -121,27 +121,13 @@ FAST: dict[str, Callable[[Instr, np.ndarray, list[np.ndarray]], Bound | None]] =
 
 def bind(instr: Instr, dram: np.ndarray, sram: np.ndarray) -> Bound:
     """A closure that runs ``instr`` on these two memories (views built now, once)."""
-    semantics = OPCODES.get(instr.opcode)
-    if semantics is None:
-        raise LirExecError(
-            f"instruction {instr.id} ({instr.text}): unknown opcode {instr.opcode!r}"
-        )
-    dst_operand = instr.arg("dst")
-    if dst_operand is None or dst_operand[0] == "imm":
-        raise LirExecError(f"instruction {instr.id} ({instr.text}): needs a memory destination")
-    srcs = [operand_array(instr, s, dram, sram) for s in instr.arg("srcs", ())]
-    dst = operand_array(instr, dst_operand, dram, sram)
+    semantics, dst, srcs = bind_operands(instr, dram, sram)
     fast = FAST.get(instr.opcode)
     bound = fast(instr, dst, srcs) if fast is not None else None
     if bound is not None:
         return bound
 
     def generic() -> None:
-        try:
-            semantics(instr, dst, srcs)
-        except (ValueError, TypeError, KeyError, IndexError) as exc:
-            raise LirExecError(
-                f"instruction {instr.id} ({instr.text}): {type(exc).__name__}: {exc}"
-            ) from None
+        apply(semantics, instr, dst, srcs)
 
     return generic

@@ -140,8 +140,8 @@ OPCODES: dict[str, Semantics] = {
 }
 
 
-def execute(instr: Instr, dram: np.ndarray, sram: np.ndarray) -> None:
-    """Run one instruction on the byte arrays ``dram`` and ``sram`` (uint8, modified in place)."""
+def bind_operands(instr: Instr, dram: np.ndarray, sram: np.ndarray):
+    """(semantics, destination view, source views) of one instruction on these memories."""
     semantics = OPCODES.get(instr.opcode)
     if semantics is None:
         raise LirExecError(f"{_where(instr)}: unknown opcode {instr.opcode!r}")
@@ -150,16 +150,25 @@ def execute(instr: Instr, dram: np.ndarray, sram: np.ndarray) -> None:
         raise LirExecError(f"{_where(instr)}: needs a memory destination")
     srcs = [operand_array(instr, s, dram, sram) for s in instr.arg("srcs", ())]
     dst = operand_array(instr, dst_operand, dram, sram)
+    return semantics, dst, srcs
+
+
+def apply(semantics: Semantics, instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> None:
+    """Run bound semantics; numpy's complaints become a LirExecError naming the instruction."""
     try:
         semantics(instr, dst, srcs)
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise LirExecError(f"{_where(instr)}: {type(exc).__name__}: {exc}") from None
 
 
-def run_program(program: Program, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Execute ``program`` in instruction order; returns the outputs in ArgSlot order."""
-    dram = np.zeros(program.dram_bytes, dtype=np.uint8)
-    sram = np.zeros(program.sram_bytes, dtype=np.uint8)
+def execute(instr: Instr, dram: np.ndarray, sram: np.ndarray) -> None:
+    """Run one instruction on the byte arrays ``dram`` and ``sram`` (uint8, modified in place)."""
+    semantics, dst, srcs = bind_operands(instr, dram, sram)
+    apply(semantics, instr, dst, srcs)
+
+
+def load_inputs(program: Program, dram: np.ndarray, inputs: Sequence[np.ndarray]) -> None:
+    """Copy the kernel's inputs into DRAM at their argument offsets (ValueError if they differ)."""
     slots = [a for a in program.args if a.role == "input"]
     if len(inputs) != len(slots):
         raise ValueError(f"{program.kernel}: expects {len(slots)} inputs, got {len(inputs)}")
@@ -168,11 +177,13 @@ def run_program(program: Program, inputs: Sequence[np.ndarray]) -> list[np.ndarr
         if data.shape != tuple(slot.shape):
             raise ValueError(
                 f"{program.kernel}: input {slot.name} has shape {list(data.shape)}, "
-                f"expected {list(slot.shape)}"
+                f"the binary expects {list(slot.shape)}"
             )
         dram[slot.dram_offset : slot.dram_offset + data.nbytes] = data.reshape(-1).view(np.uint8)
-    for instr in program.instrs:
-        execute(instr, dram, sram)
+
+
+def read_outputs(program: Program, dram: np.ndarray) -> list[np.ndarray]:
+    """The kernel's results, copied out of DRAM, in argument order."""
     outputs = []
     for slot in program.args:
         if slot.role == "output":
@@ -180,3 +191,13 @@ def run_program(program: Program, inputs: Sequence[np.ndarray]) -> list[np.ndarr
             raw = dram[slot.dram_offset : slot.dram_offset + math.prod(slot.shape) * dt.itemsize]
             outputs.append(raw.view(dt).reshape(slot.shape).copy())
     return outputs
+
+
+def run_program(program: Program, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Execute ``program`` in instruction order; returns the outputs in ArgSlot order."""
+    dram = np.zeros(program.dram_bytes, dtype=np.uint8)
+    sram = np.zeros(program.sram_bytes, dtype=np.uint8)
+    load_inputs(program, dram, inputs)
+    for instr in program.instrs:
+        execute(instr, dram, sram)
+    return read_outputs(program, dram)
