@@ -24,22 +24,86 @@ def digest_json(value) -> str:
 _ARTIFACT_LINE = re.compile(rb"""^ARTIFACT\s*=\s*["']([^"']+)["']""", re.MULTILINE)
 
 
+_FROM_IMPORT = re.compile(
+    rb"^[ \t]*from[ \t]+([\w.]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n]+)", re.MULTILINE
+)
+_IMPORT = re.compile(rb"^[ \t]*import[ \t]+([\w.]+)", re.MULTILINE)
+_NAME = re.compile(rb"[A-Za-z_]\w*")
+# Only these packages count as "the compiler": a change in numpy is not ours to track.
+COMPILER_PACKAGES = ("kiln", "stages", "runners")
+
+
+@cache
+def _package_dir(top: str) -> str | None:
+    spec = importlib.util.find_spec(top)  # imports only the top package's __init__
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def _module_file(name: str) -> str | None:
+    """The source file of a dotted module inside a compiler package, found without importing."""
+    top, _, rest = name.partition(".")
+    if top not in COMPILER_PACKAGES:
+        return None
+    base = _package_dir(top)
+    if base is None:
+        return None
+    path = os.path.join(base, *rest.split(".")) if rest else base
+    for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _imports(source: bytes) -> set[str]:
+    """Dotted names a module imports (``from x import y`` gives x and x.y)."""
+    found = {m.group(1).decode() for m in _IMPORT.finditer(source)}
+    for m in _FROM_IMPORT.finditer(source):
+        base = m.group(1).decode()
+        found.add(base)
+        found.update(f"{base}.{n.decode()}" for n in _NAME.findall(m.group(2)))
+    return found
+
+
+@cache
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 @cache
 def stage_module_info(module: str) -> tuple[str, str]:
     """(source digest, ARTIFACT file name) of a stage module, read without importing it.
 
-    The digest puts the compiler's own source into every task's cache key,
-    so a change to a stage invalidates exactly the tasks of that stage.
+    The digest covers the stage module and every module of Kiln's own
+    packages it imports, transitively (its IR, the op table, ...): a change
+    to the compiler invalidates exactly the tasks of the stages it reaches.
     """
     spec = importlib.util.find_spec(module)
     fallback = module.rsplit(".", 1)[-1]
     if spec is None or not spec.origin:
         return "missing", fallback
-    with open(spec.origin, "rb") as f:
-        source = f.read()
+    source = _read(spec.origin)
     match = _ARTIFACT_LINE.search(source)
     artifact = match.group(1).decode() if match else fallback
-    return hashlib.sha256(source).hexdigest()[:16], artifact
+    files = {spec.origin}
+    todo = list(_imports(source))
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = _module_file(name)
+        if path is not None and path not in files:
+            files.add(path)
+            todo.extend(_imports(_read(path)))
+    h = hashlib.sha256()
+    root = os.path.dirname(os.path.dirname(spec.origin))
+    for path in sorted(files):
+        h.update(os.path.relpath(path, root).encode() + b"\0" + _read(path))
+    return h.hexdigest()[:16], artifact
 
 
 def combine(parts: dict[str, str]) -> str:
