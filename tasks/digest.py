@@ -41,6 +41,7 @@ def _package_dir(top: str) -> str | None:
     return list(spec.submodule_search_locations)[0]
 
 
+@cache
 def _module_file(name: str) -> str | None:
     """The source file of a dotted module inside a compiler package, found without importing."""
     top, _, rest = name.partition(".")
@@ -73,6 +74,11 @@ def _read(path: str) -> bytes:
 
 
 @cache
+def _file_imports(path: str) -> frozenset[str]:
+    return frozenset(_imports(_read(path)))
+
+
+@cache
 def stage_module_info(module: str) -> tuple[str, str]:
     """(source digest, ARTIFACT file name) of a stage module, read without importing it.
 
@@ -98,7 +104,7 @@ def stage_module_info(module: str) -> tuple[str, str]:
         path = _module_file(name)
         if path is not None and path not in files:
             files.add(path)
-            todo.extend(_imports(_read(path)))
+            todo.extend(_file_imports(path))
     h = hashlib.sha256()
     root = os.path.dirname(os.path.dirname(spec.origin))
     for path in sorted(files):

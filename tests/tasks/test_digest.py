@@ -14,10 +14,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def fresh_caches():
-    for fn in (digest.stage_module_info, digest._read, digest._package_dir):
+    caches = (digest.stage_module_info, digest._read, digest._file_imports, digest._package_dir)
+    for fn in caches:
         fn.cache_clear()
     yield
-    for fn in (digest.stage_module_info, digest._read, digest._package_dir):
+    for fn in caches:
         fn.cache_clear()
 
 
