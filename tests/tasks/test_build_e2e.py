@@ -172,3 +172,34 @@ def test_edf_bytes_identical_across_clean_builds_and_hash_seeds(project, tmp_pat
     run_kiln(project, "compile", env={"PYTHONHASHSEED": "2"}, check=True)
     second = {i: (out(project, i) / "kernel.edf").read_bytes() for i in INSTANCES}
     assert first == second
+
+
+def test_dumps_section_writes_every_kind_and_reruns_only_the_owning_stages(project):
+    run_kiln(project, "compile", check=True)
+    pipe = project / "pipeline.yaml"
+    pipe.write_text(
+        pipe.read_text().replace(
+            "targets:",
+            "dumps:\n  - kernels: [softmax]\n"
+            "    kinds: [dfg, visa, ir, graph, schedule, summary]\ntargets:",
+        )
+    )
+    status = run_kiln(project, "status", check=True).stdout
+    assert "requested dumps changed" in status
+    rebuilt = ran_tasks(run_kiln(project, "compile", check=True))
+    assert sorted(rebuilt) == [
+        "compile:softmax.small.edf",
+        "compile:softmax.small.lir",
+        "compile:softmax.small.schedule",
+        "compile:softmax.small.trace",
+        "compile:softmax.small.visa",
+    ]
+    dumps = out(project, "softmax.small") / "dumps"
+    for name in ("dfg.json", "kernel.visa", "lir.msgpack", "lir_graph.json", "schedule.json"):
+        assert (dumps / name).stat().st_size > 0, name
+    assert (dumps / "summary" / "summary.txt").is_file()
+    assert not (out(project, "gemm.small") / "dumps").exists()
+    (dumps / "schedule.json").unlink()
+    status = run_kiln(project, "status", "softmax", check=True).stdout
+    assert "missing artifact" in status and "schedule.json" in status
+    assert ran_tasks(run_kiln(project, "compile", check=True)) == ["compile:softmax.small.schedule"]
