@@ -78,6 +78,9 @@ def plan_app(project: Project, name: str) -> AppPlan:
     reached = reach.reach(app.module)
     paths = {r.kernel.path for r in reached}
     instances = [i for i in project.instances if i.source.path in paths]
+    if app.shapes:  # only the app's own shape set, for kernels that declare it
+        has_set = {i.kernel for i in instances if i.shape_set == app.shapes}
+        instances = [i for i in instances if i.kernel not in has_set or i.shape_set == app.shapes]
     built = {i.source.path for i in instances}
     undeclared = [r for r in reached if r.kernel.path not in built]
     return AppPlan(app, file, reached, instances, undeclared)

@@ -89,6 +89,7 @@ class AppSpec:
     name: str
     module: str
     tests: tuple[str, ...] = ()
+    shapes: str | None = None  # the shape set to build for the kernels it reaches
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +153,7 @@ class Pipeline:
                 for n, t in (get("targets") or {}).items()
             ),
             apps=tuple(
-                AppSpec(n, a["module"], tuple(a.get("tests") or ()))
+                AppSpec(n, a["module"], tuple(a.get("tests") or ()), a.get("shapes"))
                 for n, a in (get("apps") or {}).items()
             ),
             _source=source,
