@@ -171,12 +171,22 @@ def test_tasks(project: Project, instances=None):
             }
 
 
+_PROJECTS: dict[str, Project] = {}
+
+
+def _project(pipeline: str) -> Project:
+    """One loaded project per process: a test run's tasks share it instead of reloading."""
+    if pipeline not in _PROJECTS:
+        _PROJECTS[pipeline] = Project(Path(pipeline))
+    return _PROJECTS[pipeline]
+
+
 def _test_action(pipeline: str, instance: str, target: str, report_path: str):
     from doit.exceptions import TaskFailed
 
     from kiln.fsutil import write_bytes_atomic
 
-    project = Project(Path(pipeline))
+    project = _project(pipeline)
     inst = next(i for i in project.instances if i.name == instance)
     try:
         (report,) = check_instance(project, inst, [target])
