@@ -12,7 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from kiln.errors import KilnError
+from kiln.brokenpipe import guard_stdout
+from kiln.errors import Abort, KilnError, environment_error
 from kiln.logconfig import setup_logging
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
@@ -21,6 +22,7 @@ OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench", "tune")
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    guard_stdout()
     setup_logging()
     fmt = _message_format(argv)
     try:
@@ -31,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_doit(None, argv)
     except KilnError as err:
         _print_error(err, fmt)
+        return 2
+    except Abort as abort:  # a KilnError raised while doit loaded the tasks
+        _print_error(abort.error, fmt)
+        return 2
+    except OSError as exc:  # full disk, permissions, a file where a dir belongs
+        _print_error(environment_error(exc), fmt)
         return 2
     except KeyboardInterrupt:
         print("kiln: interrupted", file=sys.stderr)

@@ -134,6 +134,14 @@ def cmd_test(args) -> int:
 def cmd_bench(args) -> int:
     from kiln.tasks.benching import run_bench
 
+    for flag, value, least in (("--iter", args.iter, 1), ("--warmup", args.warmup, 0)):
+        if value < least:  # before any build: an empty timing table is not a result
+            raise KilnError(
+                f"{flag} must be at least {least}",
+                expected=f"{flag} N with N >= {least}",
+                found=str(value),
+            )
+
     return run_bench(_project(), args)
 
 

@@ -2,7 +2,47 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+# A source excerpt longer than this is clipped around the column it points at:
+# a 10,000-deep nesting must not print a 20,000-character line.
+MAX_EXCERPT = 160
+_CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7F) if i not in (0x09,)}
+_CONTROL.update({0x0A: "\\n", 0x0D: "\\r", 0x1B: "\\x1b"})
+
+
+def printable(text: object) -> str:
+    """``text`` with control characters escaped (``\\x1b``, ``\\n``, ``\\x00``).
+
+    Names come from user files; printed raw, an escape sequence in one
+    would drive the terminal and a newline would forge a message line.
+    """
+    return str(text).translate(_CONTROL)
+
+
+def relative_path(path: object, root: object = None) -> str:
+    """``path`` relative to ``root`` (default: the cwd) when it lies inside it."""
+    text = str(path)
+    try:
+        base = os.fspath(root) if root is not None else os.getcwd()
+        rel = os.path.relpath(text, base)
+    except (OSError, ValueError):
+        return text
+    return text if rel == ".." or rel.startswith(".." + os.sep) else rel
+
+
+def clip_excerpt(source: str, column: int | None) -> tuple[str, int | None]:
+    """A source line cut to MAX_EXCERPT characters around ``column`` (shifted to match)."""
+    if len(source) <= MAX_EXCERPT:
+        return source, column
+    col = (column or 1) - 1
+    start = max(0, min(col - MAX_EXCERPT // 2, len(source) - MAX_EXCERPT))
+    text = source[start : start + MAX_EXCERPT]
+    prefix = "..." if start else ""
+    suffix = "..." if start + MAX_EXCERPT < len(source) else ""
+    new_col = None if column is None else col - start + len(prefix) + 1
+    return prefix + text + suffix, new_col
 
 
 @dataclass
@@ -16,7 +56,7 @@ class Location:
     source: str | None = None  # the offending source line, shown under the header
 
     def header(self) -> str:
-        text = self.file
+        text = printable(relative_path(self.file))
         if self.line is not None:
             text += f":{self.line}"
             if self.column is not None:
@@ -48,24 +88,30 @@ class KilnError(Exception):
 
     def render(self) -> str:
         """Human form: `file:line:col: error: message` plus detail lines."""
-        head = f"{self.kind}: {self.message}"
+        head = f"{self.kind}: {printable(self.message)}"
         if self.location is not None:
             head = f"{self.location.header()}: {head}"
         lines = [head]
         loc = self.location
         if loc is not None and loc.key_path:
-            lines.append(f"  at key: {loc.key_path}")
+            lines.append(f"  at key: {printable(loc.key_path)}")
         if loc is not None and loc.source is not None:
-            lines.append(f"  | {loc.source.rstrip()}")
-            if loc.column is not None:
-                lines.append("  | " + " " * max(loc.column - 1, 0) + "^")
+            raw = loc.source.rstrip()
+            column = loc.column
+            if column is not None:  # escaping widens the text before the caret too
+                column = len(printable(raw[: column - 1])) + 1
+            source, column = clip_excerpt(printable(raw), column)
+            lines.append(f"  | {source}")
+            if column is not None:
+                lines.append("  | " + " " * max(column - 1, 0) + "^")
         if self.expected is not None:
-            lines.append(f"  expected: {self.expected}")
+            lines.append(f"  expected: {printable(self.expected)}")
         if self.found is not None:
-            lines.append(f"  found: {self.found}")
-        lines.extend(f"  note: {note}" for note in self.notes)
+            lines.append(f"  found: {printable(self.found)}")
+        for note in self.notes:  # a KILN_DEBUG traceback note keeps its own lines
+            lines.append("  note: " + "\n".join(map(printable, str(note).splitlines())))
         if self.hint:
-            lines.append(f"  hint: {self.hint}")
+            lines.append(f"  hint: {printable(self.hint)}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -84,6 +130,19 @@ class KilnError(Exception):
             "hint": self.hint,
             "notes": list(self.notes),
         }
+
+
+class Abort(BaseException):
+    """Carries a KilnError through a library that turns any Exception into a traceback.
+
+    doit prints the traceback of every Exception raised while it loads
+    tasks; this one is not an Exception, so it reaches the entry point
+    (the `kiln` CLI or a dodo.py), which prints ``error`` and exits.
+    """
+
+    def __init__(self, error: KilnError):
+        super().__init__(error.message)
+        self.error = error
 
 
 class PipelineError(KilnError):
@@ -108,3 +167,38 @@ class ArtifactError(KilnError):
 
 class TargetError(KilnError):
     """An execution target is unknown, unavailable, or failed to run a kernel."""
+
+
+class EnvironmentProblem(KilnError):
+    """The machine, not the input: a full disk, a permission, a file where a dir belongs."""
+
+
+_OS_HINTS = {
+    "ENOSPC": "the disk is full: free some space and run again (nothing built was lost)",
+    "EDQUOT": "the disk quota is used up: free some space and run again",
+    "EACCES": "check the permissions of this path, or point Kiln elsewhere",
+    "EPERM": "check the permissions of this path, or point Kiln elsewhere",
+    "EROFS": "the file system is read-only: point out_dir / KILN_CACHE_DIR at a writable place",
+    "ENOTDIR": "a part of this path is a file where Kiln needs a directory: move it away",
+    "EEXIST": "a file is in the way where Kiln needs a directory: move it away",
+    "EISDIR": "a directory is in the way where Kiln needs a file: move it away",
+    "ELOOP": "a symbolic link loop: fix or remove the link",
+}
+
+
+def environment_error(exc: OSError, doing: str | None = None) -> EnvironmentProblem:
+    """One message for an OSError: what failed, on which path, and what to do."""
+    import errno
+
+    code = errno.errorcode.get(exc.errno or 0, "")
+    reason = exc.strerror or type(exc).__name__
+    path = exc.filename
+    what = doing or ("cannot use " + (relative_path(path) if path else "a file"))
+    message = f"{what}: {reason}"
+    if exc.filename2:
+        message += f" (and {relative_path(exc.filename2)})"
+    return EnvironmentProblem(
+        message,
+        Location(str(path)) if path else None,
+        hint=_OS_HINTS.get(code, "fix the file system problem above and run again"),
+    )

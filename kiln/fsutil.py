@@ -60,3 +60,46 @@ def read_artifact(path: str | os.PathLike, what: str, decode, *, errors=(Excepti
         raise ArtifactError(
             f"corrupt {what} ({type(exc).__name__}: {exc})", where, hint="delete it and rebuild"
         ) from None
+
+
+def remove_stale_tmp(directory: str | os.PathLike) -> None:
+    """Delete temp files that a killed writer left in ``directory``.
+
+    Kiln's temp names carry the writer's pid (``.name.PID.hex.tmp``,
+    ``name.PID.tmp``, ``name.tmpPID``); one whose process is gone is
+    garbage. A live writer's file is left alone.
+    """
+    try:
+        entries = os.scandir(directory)
+    except OSError:
+        return
+    with entries:
+        for entry in entries:
+            pid = writer_pid(entry.name)
+            if pid is not None and pid != os.getpid() and not _alive(pid):
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
+
+
+def writer_pid(name: str) -> int | None:
+    """The pid in a Kiln temp file's name, or None for any other file."""
+    if name.endswith(".tmp"):
+        parts = name[: -len(".tmp")].split(".")
+        for candidate in parts[-2:-1] + parts[-1:]:  # .name.PID.hex.tmp first, then name.PID.tmp
+            if candidate.isdigit() and len(parts) >= 2:
+                return int(candidate)
+        return None
+    head, sep, tail = name.rpartition(".tmp")
+    return int(tail) if sep and head and tail.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True

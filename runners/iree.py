@@ -278,7 +278,15 @@ class IreeRunner(Runner):
             function = None
         if function is None:
             vmfb, seconds = compile_graph(graph, config)
-            write_bytes_atomic(path, vmfb)
+            try:
+                write_bytes_atomic(path, vmfb)
+            except OSError as exc:
+                raise TargetError(
+                    f"cannot write the iree cache {path.parent}: {exc.strerror or exc}",
+                    expected="a writable directory (KILN_CACHE_DIR, default ~/.cache/kiln)",
+                    found=str(exc.filename or path),
+                    hint="set KILN_CACHE_DIR to a writable directory",
+                ) from None
             function = _load(runtime, device, vmfb, graph)
             metrics.update(cache="miss", compile_s=seconds)
         return IreePrepared(graph, path, function, device, metrics)

@@ -25,6 +25,7 @@ from kiln.ir.lir import ScheduledProgram
 from kiln.summary import format_summary, summarize
 
 NAME = "edf"
+INPUT = "kernel.sched"  # what the stage reads: the previous stage's ARTIFACT, checked at load
 ARTIFACT = "kernel.edf"
 
 

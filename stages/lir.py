@@ -26,6 +26,7 @@ from kiln.ir.lir import DEP_KINDS, Access, ArgSlot, Dep, Instr, Program, unit_ki
 from kiln.ir.visa import ITEMSIZE, Imm, Tile, View
 
 NAME = "lir"
+INPUT = "kernel.visa"  # what the stage reads: the previous stage's ARTIFACT, checked at load
 ARTIFACT = "kernel.lir"
 ALIGN = 64
 

@@ -29,6 +29,7 @@ from kiln.ir.schedule_check import (
 )
 
 NAME = "schedule"
+INPUT = "kernel.lir"  # what the stage reads: the previous stage's ARTIFACT, checked at load
 ARTIFACT = "kernel.sched"
 POLICIES = ("critical-path", "in-order")
 

@@ -24,6 +24,7 @@ from kiln.lang.errors import def_location, frame_location, source_line
 from kiln.lang.tracer import trace
 
 NAME = "trace"
+INPUT = "kernel source"  # the first stage: it reads the @device function, checked at load
 ARTIFACT = "graph.json"
 
 
@@ -140,6 +141,13 @@ def load_module(name: str) -> ModuleType:
         raise _import_failed(name, exc) from None
     except Exception as exc:
         raise _import_failed(name, exc) from None
+    except SystemExit as exc:  # sys.exit() at import must not end the build, least of all with 0
+        raise TraceError(
+            f"importing kernel module {name!r} called sys.exit({exc.code!r})",
+            frame_location(exc.__traceback__.tb_next if exc.__traceback__ else None),
+            hint="a kernel module must not exit when imported; "
+            "guard script code with `if __name__ == '__main__':`",
+        ) from None
     stamp = _stamp(module)
     if stamp is not None:
         _STAMPS[name] = stamp

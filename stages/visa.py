@@ -25,6 +25,7 @@ from kiln.ir.edf import gc_paused
 from kiln.ir.graph import Graph
 
 NAME = "visa"
+INPUT = "graph.json"  # what the stage reads: the previous stage's ARTIFACT, checked at load
 ARTIFACT = "kernel.visa"
 
 

@@ -43,6 +43,12 @@ def run_stage(spec: dict):
             err.location = _pipeline_location(spec, [f"kernels.{kernel}"])
         err.notes.append(f"while running stage {spec['stage']!r} of {spec['instance']}")
         return failure(err)
+    except OSError as exc:  # full disk, permissions, a file where a directory belongs
+        from kiln.errors import environment_error
+
+        err = environment_error(exc)
+        err.notes.append(f"while running stage {spec['stage']!r} of {spec['instance']}")
+        return failure(err)
     except Exception as exc:  # a bug in a stage: say where, keep the trace out of the way
         detail = traceback.format_exc() if os.environ.get("KILN_DEBUG") else None
         err = KilnError(
@@ -56,7 +62,10 @@ def run_stage(spec: dict):
 
 
 def _run(spec: dict) -> None:
-    from kiln.fsutil import write_bytes_atomic
+    from kiln.tasks import manifest
+    from kiln.tasks.manifest import real_dir
+
+    from kiln.fsutil import remove_stale_tmp, write_bytes_atomic
     from kiln.options import build_options
 
     add_project_root(spec["root"])
@@ -89,6 +98,8 @@ def _run(spec: dict) -> None:
         ir_out = ir_out.with_metadata(_build_metadata(spec["build"]))
     module.verify(ir_out, machine)
     artifact = Path(spec["artifact"])
+    instance_dir = artifact.parent
+    remove_stale_tmp(instance_dir)
     changed = write_bytes_atomic(artifact, module.serialize(ir_out))
     log.info(
         "%s %s: %s %s",
@@ -98,8 +109,13 @@ def _run(spec: dict) -> None:
         artifact,
     )
     for kind, path in spec["dumps"]:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        module.DUMPS[kind](ir_out, Path(path), machine)
+        dump = Path(path)
+        real_dir(dump.parent, instance_dir)  # never write through a symlink in the out dir
+        if dump.is_symlink():
+            dump.unlink()
+        module.DUMPS[kind](ir_out, dump, machine)
+    manifest.forget_index(os.path.join(spec["root"], ".kiln"))
+    manifest.record(str(instance_dir), [str(artifact), *(p for _, p in spec["dumps"])])
 
 
 def _build_metadata(build: dict) -> dict:

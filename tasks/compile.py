@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
+from kiln.tasks.manifest import clean_targets, drop_damaged
 from kiln.tasks.project import KernelInstance, Project
 from kiln.tasks.tuning_key import TuningKeys
 
@@ -71,7 +72,11 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     stamps = ConfigStamps(project.state_dir / "config")
     tuning_file = str(project.root / pipeline.tuning_file)
     tuning_keys = TuningKeys(project) if os.path.isfile(tuning_file) else None
-    for inst in instances if instances is not None else project.instances:
+    chosen = list(instances if instances is not None else project.instances)
+    # one pass over what earlier builds wrote: a damaged artifact is removed, so it rebuilds
+    drop_damaged([str(inst.out_dir) for inst in chosen], str(project.state_dir))
+    out_root, state = str(project.out_dir), str(project.state_dir)
+    for inst in chosen:
         sources = project.discovery.source_files(inst.source.module)
         dumps = instance_dumps(project, inst) if pipeline.dumps else {}
         kernel_spec = pipeline.kernel(inst.kernel)
@@ -142,9 +147,15 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 "actions": [(_run_stage, [spec])],
                 "file_dep": file_dep,
                 "targets": [artifact, *(path for _, path in stage_dumps)],
-                "clean": True,
+                "clean": [
+                    (_clean, [out_dir, [artifact, *(p for _, p in stage_dumps)], out_root, state])
+                ],
             }
             previous, previous_module = artifact, stage.module
+
+
+def _clean(directory: str, targets: list[str], out_root: str, state_dir: str) -> None:
+    clean_targets(directory, targets, out_root, state_dir)
 
 
 def _run_stage(spec: dict):

@@ -153,8 +153,14 @@ class Discovery:
                 data = json.loads(cache_file.read_text())
                 if data.get("format") == CACHE_FORMAT:
                     self._cache = data["files"]
-            except (OSError, ValueError, KeyError):
+                    if not isinstance(self._cache, dict):
+                        raise TypeError("'files' is not a mapping")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                from kiln.statefiles import quarantine
+
+                quarantine(cache_file, f"{type(exc).__name__}: {exc}")
                 self._cache = {}
+                self._dirty = True
 
     def module(self, module: str, file: Path) -> ModuleInfo:
         if module in self.modules:
@@ -162,9 +168,14 @@ class Discovery:
         st = file.stat()
         stamp = [st.st_mtime_ns, st.st_size]
         entry = self._cache.get(str(file))
-        if entry is not None and entry["stamp"] == stamp and entry["module"] == module:
-            info = _info_from_json(entry["info"])
-        else:
+        info = None
+        fresh = isinstance(entry, dict) and entry.get("stamp") == stamp
+        if fresh and entry.get("module") == module:
+            try:
+                info = _info_from_json(entry["info"])
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+                info = None  # a damaged entry: scan the file again
+        if info is None:
             info = scan_module(module, file)
             self._cache[str(file)] = {"stamp": stamp, "module": module, "info": _info_to_json(info)}
             self._dirty = True

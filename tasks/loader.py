@@ -12,6 +12,7 @@ from doit.loader import generate_tasks
 from kiln.tasks.compile import compile_tasks
 from kiln.tasks.project import Project
 
+from kiln.errors import Abort, KilnError
 from kiln.logconfig import get_logger, setup_logging
 
 log = get_logger("tasks")
@@ -23,7 +24,10 @@ _lock_file = None
 
 
 def doit_config(project: Project) -> dict:
+    from kiln.statefiles import ensure_sound_db
+
     project.state_dir.mkdir(parents=True, exist_ok=True)
+    ensure_sound_db(project.state_dir / "doit.sqlite3")
     check = project.pipeline.cache_check
     return {
         "dep_file": str(project.state_dir / "doit.sqlite3"),
@@ -89,32 +93,86 @@ class KilnLoader(TaskLoader2):
         pass
 
     def load_doit_config(self):
-        return doit_config(self.project)
+        with user_errors_abort():
+            return doit_config(self.project)
 
     def load_tasks(self, cmd, pos_args):
-        if cmd.name in LOCKING_COMMANDS:
-            acquire_lock(self.project)
-        tasks = []
-        for basename, gen in all_task_dicts(self.project, self._instances):
-            tasks.extend(generate_tasks(basename, gen))
+        with user_errors_abort():
+            if cmd.name in LOCKING_COMMANDS:
+                acquire_lock(self.project)
+            tasks = []
+            for basename, gen in all_task_dicts(self.project, self._instances):
+                tasks.extend(generate_tasks(basename, gen))
         log.info("loaded %d tasks from %s", len(tasks), self.project.pipeline_path)
         return tasks
 
 
+class user_errors_abort:  # noqa: N801 - used as a context manager, reads as a phrase
+    """Turn a KilnError (or an OS error) raised while doit loads tasks into an Abort.
+
+    doit prints a traceback for any Exception from a loader; an Abort is
+    not one, so it reaches the entry point, which prints the message.
+    """
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None or isinstance(exc, Abort):
+            return False
+        from kiln.errors import environment_error
+
+        if isinstance(exc, KilnError):
+            raise Abort(exc) from None
+        if isinstance(exc, OSError):
+            raise Abort(environment_error(exc)) from None
+        return False
+
+
 def dodo_namespace(start: Path | None = None) -> dict:
-    """task_* functions and DOIT_CONFIG for a project's dodo.py."""
+    """task_* functions and DOIT_CONFIG for a project's dodo.py.
+
+    doit imports dodo.py and would print a traceback for any error in it:
+    a problem with the project is printed as Kiln's one message instead,
+    and the process exits 2, as `kiln compile` does.
+    """
+    from kiln.brokenpipe import guard_stdout
+
+    guard_stdout()
     setup_logging()
-    project = Project.find(start)
-    ns: dict = {"DOIT_CONFIG": doit_config(project)}
+    with exit_on_user_error():
+        project = Project.find(start)
+        ns: dict = {"DOIT_CONFIG": doit_config(project)}
     for basename, gen in all_task_dicts(project):
 
         def task_fn(_gen=gen):
-            yield from _gen
+            with exit_on_user_error():
+                yield from _gen
 
         task_fn.__name__ = f"task_{basename}"
         task_fn.__doc__ = f"{basename} tasks of {project.pipeline.project}"
         ns[f"task_{basename}"] = task_fn
     return ns
+
+
+class exit_on_user_error:  # noqa: N801 - used as a context manager
+    """In a dodo.py: print a user-facing error as one message and exit 2."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None:
+            return False
+        try:
+            with user_errors_abort():
+                raise exc
+        except Abort as abort:
+            print(abort.error.render(), file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        except BaseException:
+            return False
+        return False
 
 
 def _reporter_class():

@@ -14,9 +14,14 @@ from pathlib import Path
 from kiln.tasks.discovery import Discovery, KernelSource
 from kiln.tasks.importpath import add_project_root
 
-from kiln.errors import PipelineError
+from kiln.errors import Location, PipelineError, printable, relative_path
+from kiln.fsutil import remove_stale_tmp
 
 PIPELINE_FILE = "pipeline.yaml"
+# The host oracle and the simulator hold every argument in memory: a tensor
+# larger than this is a typo (a dim of 2**40), refused when the pipeline loads.
+MAX_ARGUMENT_BYTES = 4 * 2**30
+ITEMSIZE = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -43,15 +48,18 @@ class Project:
         self.state_dir = self.root / ".kiln"
         if not self.pipeline_path.is_file():
             raise PipelineError(
-                f"no pipeline file at {self.pipeline_path}",
+                f"no pipeline file at {relative_path(self.pipeline_path)}",
                 hint="run kiln in a project directory (one with a pipeline.yaml), "
                 "or set KILN_PIPELINE",
             )
         add_project_root(self.root)
+        remove_stale_tmp(self.state_dir)  # left by a build that was killed mid-write
         self.pipeline = load_pipeline_cached(self.pipeline_path, self.state_dir)
         for warning in self.pipeline.warnings:
-            print(f"kiln: warning: {warning}", file=sys.stderr)
+            print(f"kiln: warning: {printable(warning)}", file=sys.stderr)
         self.out_dir = self.pipeline.resolve_out_dir()
+        if not self.out_dir.is_dir():
+            self._check_out_dir()
         self.discovery = Discovery(self.root, self.state_dir / "discovery.json")
         self.kernels = self._resolve_kernels()
         self.instances = [
@@ -66,6 +74,37 @@ class Project:
             for set_name, bindings in spec.shapes
         ]
         self.discovery.save()
+
+    def _check_out_dir(self) -> None:
+        """An out dir that cannot be a directory is an error at ``out_dir``, before any build."""
+        from kiln.pipeline.model import OUT_DIR_ENV
+
+        where = (
+            Location(f"${OUT_DIR_ENV}")
+            if os.environ.get(OUT_DIR_ENV)
+            else self.pipeline.locate("out_dir", value=True)
+        )
+        for part in (self.out_dir, *self.out_dir.parents):
+            if part.is_dir():
+                if not os.access(part, os.W_OK | os.X_OK):
+                    raise PipelineError(
+                        f"the out dir {relative_path(self.out_dir, self.root)} cannot be "
+                        f"created: {relative_path(part, self.root)} is not writable",
+                        location=where,
+                        expected="a writable directory for the build",
+                        found=str(part),
+                        hint="fix its permissions or set out_dir (or KILN_OUT_DIR) elsewhere",
+                    )
+                return
+            if part.exists() or part.is_symlink():
+                raise PipelineError(
+                    f"the out dir {relative_path(self.out_dir, self.root)} cannot be a "
+                    f"directory: {relative_path(part, self.root)} is a file",
+                    location=where,
+                    expected="a directory (or nothing) at each part of the out dir",
+                    found=f"a file at {part}",
+                    hint="move the file away or set out_dir (or KILN_OUT_DIR) elsewhere",
+                )
 
     @staticmethod
     def find(start: Path | None = None) -> Project:
@@ -137,7 +176,21 @@ class Project:
         return resolved
 
     def _check_bindings(self, spec, source: KernelSource) -> None:
+        args = [arg for arg, _ in source.params]
+        for arg, _ in spec.dtypes:
+            if arg not in args and arg != "*":
+                from kiln.pipeline.yamlpos import did_you_mean
+
+                raise PipelineError(
+                    f"kernel {spec.name!r} has no argument {arg!r}",
+                    location=self.pipeline.locate(f"kernels.{spec.name}.dtypes.{arg}"),
+                    expected="an argument of " + f"{source.name}: " + (", ".join(args) or "(none)"),
+                    found=repr(arg),
+                    hint=did_you_mean(arg, args),
+                    notes=[f"{defined_at(source)}: def {source.name}(...)"],
+                )
         for set_name, bindings in spec.shapes:
+            self._check_sizes(spec, source, set_name, dict(bindings))
             bound = {k for k, _ in bindings}
             for arg, dims in source.params:
                 for dim in dims or ():
@@ -148,8 +201,28 @@ class Project:
                             location=self.pipeline.locate(f"kernels.{spec.name}.shapes.{set_name}"),
                             expected=f"a value for {dim}",
                             found="bound: " + (", ".join(sorted(bound)) or "nothing"),
-                            notes=[f"{source.file}:{source.line}: def {source.name}(...)"],
+                            notes=[f"{defined_at(source)}: def {source.name}(...)"],
                         )
+
+    def _check_sizes(self, spec, source: KernelSource, set_name: str, sizes: dict) -> None:
+        """Refuse an argument too large to exist, here at its YAML line, not in a stage."""
+        for arg, dims in source.params:
+            elements = 1
+            for dim in dims or ():
+                elements *= sizes.get(dim, 1) if isinstance(dim, str) else dim
+            itemsize = ITEMSIZE.get(spec.arg_dtype(arg), 4)
+            if elements * itemsize > MAX_ARGUMENT_BYTES:
+                shape = ", ".join(f"{d}={sizes.get(d, d)}" for d in dims or ())
+                raise PipelineError(
+                    f"argument {arg!r} of kernel {spec.name!r} is too large at shape set "
+                    f"{set_name!r}",
+                    location=self.pipeline.locate(
+                        f"kernels.{spec.name}.shapes.{set_name}", value=True
+                    ),
+                    expected=f"at most {MAX_ARGUMENT_BYTES // 2**30} GiB per argument",
+                    found=f"{elements * itemsize:,} bytes ({shape})",
+                    hint="check the dims of this shape set",
+                )
 
     def select(
         self,
@@ -213,6 +286,11 @@ class Project:
     def trace_dtypes(self, kernel: str) -> tuple[str, dict[str, str]]:
         spec = self.pipeline.kernel(kernel)
         return spec.dtype, dict(spec.dtypes)
+
+
+def defined_at(source: KernelSource) -> str:
+    """``file:line`` of a kernel's definition, relative to the working directory."""
+    return f"{relative_path(source.file)}:{source.line}"
 
 
 def _syntax_error(info) -> PipelineError:

@@ -51,7 +51,10 @@ class KilnReporter:
     desc = "kiln progress reporter"
 
     def __init__(self, outstream, options):
-        self.out = outstream
+        from kiln.brokenpipe import PipeSafeStream
+
+        # `doit compile | head -1`: a reader that went away must not stop the build
+        self.out = outstream if isinstance(outstream, PipeSafeStream) else PipeSafeStream(outstream)
         self.err = sys.stderr
         self.format = os.environ.get("KILN_MESSAGE_FORMAT", "human")
         self.live = self.format == "human" and getattr(outstream, "isatty", lambda: False)()
@@ -131,6 +134,9 @@ class KilnReporter:
         pass
 
     def complete_run(self):
+        from kiln.statefiles import stamp_sound_dbs
+
+        stamp_sound_dbs()  # doit has closed its database: remember it as sound
         if self.progress is not None:
             self.progress.update(self.bar, description="done")
             self.progress.stop()

@@ -23,7 +23,10 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
     from doit.dependency import MD5Checker, TimestampChecker
 
     checker = MD5Checker if project.pipeline.cache_check == "md5" else TimestampChecker
+    from kiln.statefiles import ensure_sound_db
+
     db_file = project.state_dir / "doit.sqlite3"
+    ensure_sound_db(db_file)
     dep = Dependency(SqliteDB, str(db_file), checker_cls=checker)
     tasks = generate_tasks("compile", compile_tasks(project, instances))
     by_name = {t.name: t for t in tasks}

@@ -173,7 +173,8 @@ def load_inputs(program: Program, dram: np.ndarray, inputs: Sequence[np.ndarray]
     if len(inputs) != len(slots):
         raise ValueError(f"{program.kernel}: expects {len(slots)} inputs, got {len(inputs)}")
     for slot, array in zip(slots, inputs, strict=True):
-        data = np.ascontiguousarray(np.asarray(array, dtype=NUMPY_DTYPES[slot.dtype]))
+        # order="C", not ascontiguousarray: that one turns a 0-d scalar into shape (1,)
+        data = np.asarray(array, dtype=NUMPY_DTYPES[slot.dtype], order="C")
         if data.shape != tuple(slot.shape):
             raise ValueError(
                 f"{program.kernel}: input {slot.name} has shape {list(data.shape)}, "

@@ -116,7 +116,9 @@ def _write_atomic(target: Path, payload: bytes) -> None:
 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(  # the pid in the name lets a later run clean up after a kill
+            dir=target.parent, prefix=f"{target.name}.{os.getpid()}.", suffix=".tmp"
+        )
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(payload)
@@ -345,6 +347,77 @@ def _check_references(data: dict[str, Any], smap: SourceMap, root: Path) -> None
                 found=f"'{stage['module']}': {problem}",
                 expected=f"an importable module (searched sys.path and {root})",
             )
+    _check_stage_kinds(data["stages"], smap, root)
+
+
+_STAGE_CONSTANT = r"""^{name}\s*=\s*["']([^"']+)["']"""
+FIRST_STAGE_INPUT = "kernel source"
+
+
+def _check_stage_kinds(stages: list[dict[str, Any]], smap: SourceMap, root: Path) -> None:
+    """Each stage is a Kiln stage module, and reads what the row before it writes.
+
+    Read from the module's source (``ARTIFACT``, ``INPUT``, ``def run``)
+    without running it: `module: os` or two swapped rows are errors at
+    their line here, not an AttributeError inside a build.
+    """
+    import re
+
+    previous: str | None = None
+    for i, stage in enumerate(stages):
+        origin, source = _module_source(stage["module"], root)
+        stdlib = stage["module"].split(".")[0] in sys.stdlib_module_names
+        if source is None and not stdlib:  # a compiled module: nothing to read
+            previous = None
+            continue
+        source = source or ""
+        artifact = re.search(_STAGE_CONSTANT.format(name="ARTIFACT"), source, re.M)
+        # A library module that is no stage is a mistake; a module of the project
+        # without ARTIFACT may be a stage in the making: its task says what is missing.
+        library = stdlib or any(d in (origin or "") for d in ("site-packages", "dist-packages"))
+        if library and artifact is None:
+            raise smap.error(
+                f"stage '{stage['name']}' names a module that is not a Kiln stage",
+                f"stages[{i}].module",
+                value=True,
+                expected="a stage module: ARTIFACT = 'file name', Options, run(), read(), "
+                "serialize(), verify()",
+                found=f"'{stage['module']}', "
+                + ("a Python standard library module" if stdlib else "which defines no ARTIFACT"),
+                hint="see docs/stages.md for what a stage module defines",
+            )
+        wanted = re.search(_STAGE_CONSTANT.format(name="INPUT"), source, re.M)
+        given = FIRST_STAGE_INPUT if i == 0 else previous
+        if wanted is not None and given is not None and wanted.group(1) != given:
+            before = "the kernel source" if i == 0 else f"stage '{stages[i - 1]['name']}'"
+            raise smap.error(
+                f"stage '{stage['name']}' cannot follow {before}",
+                f"stages[{i}].module",
+                value=True,
+                expected=f"a stage that reads {given}",
+                found=f"'{stage['module']}', which reads {wanted.group(1)}",
+                hint="stages run in the order listed: trace, visa, lir, schedule, edf",
+            )
+        previous = artifact.group(1) if artifact else None
+
+
+def _module_source(module: str, root: Path) -> tuple[str | None, str | None]:
+    """(file, source text) of ``module``, found without running it; None for what is not."""
+    root_text = str(root)
+    added = root_text not in sys.path
+    if added:
+        sys.path.insert(0, root_text)
+    try:
+        spec = importlib.util.find_spec(module)
+        origin = spec.origin if spec is not None else None
+        if not origin or not origin.endswith(".py"):
+            return origin, None
+        return origin, Path(origin).read_text(encoding="utf-8", errors="replace")
+    except (ImportError, ValueError, OSError):
+        return None, None
+    finally:
+        if added:
+            sys.path.remove(root_text)
 
 
 def _check_shapes(kernel: str, shapes: dict[str, Any], smap: SourceMap) -> None:

@@ -21,6 +21,14 @@ if TYPE_CHECKING:  # PyYAML itself is imported only when a file is parsed
     import yaml
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_COLLECTION_TAGS = ("tag:yaml.org,2002:seq", "tag:yaml.org,2002:map")
+
+# Bounds on what a pipeline file may make the loader do. A real pipeline is
+# far inside them; an alias bomb ("billion laughs") or a pathological nesting
+# is refused before it is expanded, in milliseconds, at its own line.
+MAX_FILE_BYTES = 8 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_VALUES = 1_000_000  # keys, values and items once every alias is expanded
 
 Position = tuple[int, int]  # 1-based line and column
 
@@ -130,6 +138,11 @@ def _mark_error(file: str, lines: tuple[str, ...], exc: Any) -> PipelineError:
     notes = []
     if exc.context and exc.problem and exc.context_mark is not None:
         notes.append(f"{exc.context} (line {exc.context_mark.line + 1})")
+    if "end of stream" in problem and exc.context_mark is not None:
+        # an unclosed quote or bracket: the useful place is where it opens, not the file's end
+        mark, notes = exc.context_mark, [f"{problem} (line {exc.problem_mark.line + 1})"]
+        if "quoted scalar" in (exc.context or ""):
+            problem = "unclosed quote: the string that starts here never ends"
     if mark is None:
         return PipelineError(f"invalid YAML: {problem}", Location(file), notes=notes)
     line, column = mark.line + 1, mark.column + 1
@@ -159,6 +172,15 @@ class _Builder:
         self.smap.values.setdefault(path, self.pos(node))
         if node.id == "scalar":
             return self.loader.construct_object(node)
+        if node.tag not in _COLLECTION_TAGS:
+            raise self.smap.error(
+                f"YAML tag {node.tag!r} is not allowed",
+                path,
+                value=True,
+                expected="plain YAML mappings, lists and scalars (no tags)",
+                found=node.tag,
+                hint="remove the tag",
+            )
         if id(node) in self.active:
             raise self.smap.error(
                 "recursive YAML alias",
@@ -235,6 +257,55 @@ class _Builder:
         return result
 
 
+def _check_bounds(root: yaml.Node, smap: SourceMap) -> None:
+    """Refuse a tree nested deeper than MAX_DEPTH or that expands past MAX_VALUES.
+
+    One pass over the composed nodes (an alias is the same node object as
+    its anchor, so each is visited once): the height and expanded size of
+    every node are memoized, so the check costs the file's size, not the
+    bomb's.
+    """
+    height: dict[int, int] = {}
+    size: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    on_path: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if node.id == "scalar":
+            height[key], size[key] = 1, 1
+            continue
+        children = [c for pair in node.value for c in pair] if node.id == "mapping" else node.value
+        if not done:
+            if key in height or key in on_path:  # shared (alias) or recursive: the builder says so
+                continue
+            on_path.add(key)
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in height)
+            continue
+        on_path.discard(key)
+        height[key] = 1 + max((height.get(id(c), 1) for c in children), default=0)
+        size[key] = 1 + sum(size.get(id(c), 1) for c in children)
+        line, column = node.start_mark.line + 1, node.start_mark.column + 1
+        where = Location(smap.file, line, column, None, smap.source(line))
+        if height[key] > MAX_DEPTH:
+            raise PipelineError(
+                f"YAML nested too deeply (more than {MAX_DEPTH} levels)",
+                where,
+                expected=f"at most {MAX_DEPTH} levels of nested mappings and lists",
+                found=f"{height[key]} levels below this line",
+            )
+        if size[key] > MAX_VALUES:
+            raise PipelineError(
+                "YAML aliases expand to too many values",
+                where,
+                expected=f"at most {MAX_VALUES:,} values once aliases are expanded",
+                found=f"{size[key]:,} values from this node",
+                hint="an alias inside an anchor that is itself aliased many times "
+                "multiplies; write the values out, or alias less",
+            )
+
+
 def load_yaml(path: Path, text: str | None = None) -> tuple[Any, SourceMap]:
     """Parse ``path`` (or ``text``) into plain data and a SourceMap.
 
@@ -244,6 +315,13 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, SourceMap]:
     file = display_name(path)
     if text is None:
         try:
+            if Path(path).stat().st_size > MAX_FILE_BYTES:
+                raise PipelineError(
+                    "pipeline file is too large",
+                    Location(file),
+                    expected=f"at most {MAX_FILE_BYTES // (1024 * 1024)} MiB",
+                    found=f"{Path(path).stat().st_size:,} bytes",
+                )
             text = Path(path).read_bytes().decode("utf-8-sig")  # a BOM is not content
         except FileNotFoundError:
             raise PipelineError(f"pipeline file not found: {file}", Location(file)) from None
@@ -264,11 +342,27 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, SourceMap]:
         node = loader.get_single_node()
         if node is None:
             return None, smap
+        _check_bounds(node, smap)
         data = _Builder(loader, smap).build(node, "")
     except yaml.MarkedYAMLError as exc:
         raise _mark_error(file, lines, exc) from None
-    except yaml.YAMLError as exc:  # e.g. a reader error with no mark
+    except yaml.reader.ReaderError as exc:  # a byte YAML does not allow: find its line
+        before = text[: exc.position]
+        line = before.count("\n") + 1
+        column = exc.position - (before.rfind("\n") + 1) + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character or "?")
+        raise PipelineError(
+            f"invalid YAML: character U+{char:04X} is not allowed in a YAML file",
+            Location(file, line, column, None, lines[line - 1] if line <= len(lines) else None),
+            expected="printable text",
+            found=f"U+{char:04X} ({exc.reason})",
+        ) from None
+    except yaml.YAMLError as exc:  # any other error with no mark
         raise PipelineError(f"invalid YAML: {exc}", Location(file)) from None
+    except RecursionError:  # the pure-Python parser, without libyaml's own depth limit
+        raise PipelineError(
+            "YAML nested too deeply", Location(file), expected=f"at most {MAX_DEPTH} levels"
+        ) from None
     finally:
         loader.dispose()
     return data, smap

@@ -1,0 +1,289 @@
+"""What Kiln wrote into each instance's out dir, with the digest of each file.
+
+Every compile task records its artifact and dumps here (size, mtime and
+sha256) after it writes them. Two readers:
+
+- the task loader checks every recorded file in one pass: a file whose
+  size or mtime moved is hashed, and one whose bytes changed (a truncated
+  or bit-flipped ``kernel.edf``) is removed, so doit rebuilds it as a
+  missing target. A stat per file; a hash only when the stat differs.
+- ``kiln clean`` deletes exactly the files listed, never anything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from kiln.errors import printable, relative_path
+from kiln.fsutil import write_bytes_atomic
+
+MANIFEST = ".kiln-manifest.json"
+FORMAT = 1
+
+
+def file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read(directory: str) -> dict[str, list]:
+    """rel path -> [size, mtime_ns, sha256] (empty when absent or unreadable)."""
+    try:
+        with open(os.path.join(directory, MANIFEST), "rb") as f:
+            data = json.loads(f.read())
+        files = data["files"] if data.get("format") == FORMAT else {}
+        return files if isinstance(files, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}  # a damaged manifest only loses the check; the next build rewrites it
+
+
+def write(directory: str, files: dict[str, list]) -> None:
+    text = json.dumps({"format": FORMAT, "files": files}, sort_keys=True, indent=0)
+    write_bytes_atomic(os.path.join(directory, MANIFEST), text.encode())
+
+
+def written_files(path: str) -> list[str]:
+    """``path`` itself, or every regular file below it when it is a directory (no symlinks)."""
+    if os.path.isfile(path) and not os.path.islink(path):
+        return [path]
+    found = []
+    if os.path.isdir(path) and not os.path.islink(path):
+        for base, _dirs, names in os.walk(path):  # os.walk does not follow symlinked dirs
+            found.extend(
+                os.path.join(base, n) for n in names if not os.path.islink(os.path.join(base, n))
+            )
+    return sorted(found)
+
+
+def record(directory: str, paths: list[str]) -> None:
+    """Add (or refresh) the entries of ``paths`` (files or dump dirs inside ``directory``)."""
+    files = read(directory)
+    for path in paths:
+        for file in written_files(path):
+            st = os.stat(file)
+            rel = os.path.relpath(file, directory)
+            files[rel] = [st.st_size, st.st_mtime_ns, file_digest(file)]
+    write(directory, files)
+
+
+INDEX = "manifests.json"  # in the state dir: every instance's manifest, in one file
+
+
+def forget_index(state_dir: str) -> None:
+    """A task changed a manifest: the next load reads the manifests again."""
+    try:
+        os.unlink(os.path.join(state_dir, INDEX))
+    except OSError:
+        pass
+
+
+def _read_index(state_dir: str | None) -> dict[str, dict] | None:
+    if state_dir is None:
+        return None
+    try:
+        with open(os.path.join(state_dir, INDEX), "rb") as f:
+            data = json.loads(f.read())
+        dirs = data["dirs"] if data.get("format") == FORMAT else None
+        return dirs if isinstance(dirs, dict) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def drop_damaged(directories: list[str], state_dir: str | None = None) -> list[str]:
+    """Remove recorded files whose bytes changed since Kiln wrote them; returns their paths.
+
+    One pass over ``directories`` (each instance's out dir): a stat per
+    recorded file, a hash only when its size or mtime differ. The manifests
+    come from one index file in ``state_dir`` while no task has written
+    since it was made (a task that writes removes it), so a no-op build
+    reads one file, not one per instance.
+    """
+    index = _read_index(state_dir)
+    index_changed = index is None
+    index = index or {}
+    damaged = []
+    for directory in directories:
+        files = index.get(directory)
+        if not isinstance(files, dict):
+            files = read(directory)
+            index[directory] = files
+            index_changed = True
+        if not files:
+            continue
+        changed = False
+        for rel, entry in list(files.items()):
+            path = os.path.join(directory, rel)
+            try:
+                size, mtime, digest = entry
+            except (TypeError, ValueError):
+                del files[rel]
+                changed = True
+                continue
+            try:
+                st = os.stat(path)  # the one syscall an intact file costs
+                if st.st_size == size and st.st_mtime_ns == mtime:
+                    continue
+                if _through_symlink(directory, rel):
+                    raise FileNotFoundError(path)
+            except OSError:
+                # missing: doit rebuilds a missing target by itself, once no symlink
+                # stands in for it (a dump dir replaced by a link to elsewhere)
+                damaged.extend(_unlink_links(directory, rel))
+                continue
+            try:
+                same = file_digest(path) == digest
+            except OSError:
+                same = False
+            if same:  # touched, not changed: remember the new stat
+                files[rel] = [st.st_size, st.st_mtime_ns, digest]
+            else:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    continue
+                del files[rel]
+                damaged.append(path)
+            changed = True
+        if changed:
+            index_changed = True
+            try:
+                write(directory, files)
+            except OSError:
+                pass
+    if index_changed and state_dir is not None:
+        text = json.dumps({"format": FORMAT, "dirs": index}, sort_keys=True)
+        try:
+            write_bytes_atomic(os.path.join(state_dir, INDEX), text.encode())
+        except OSError:
+            pass  # the index only saves reads
+    for path in damaged:
+        print(
+            f"kiln: warning: {printable(relative_path(path))} changed since Kiln wrote it "
+            "(damaged or edited); rebuilding it",
+            file=sys.stderr,
+            flush=True,
+        )
+    return damaged
+
+
+def _through_symlink(directory: str, rel: str) -> bool:
+    parts = rel.split(os.sep)
+    return any(
+        os.path.islink(os.path.join(directory, *parts[:n])) for n in range(1, len(parts) + 1)
+    )
+
+
+def _unlink_links(directory: str, rel: str) -> list[str]:
+    """Remove symlinks standing on the path of a recorded file (never their targets)."""
+    parts = rel.split(os.sep)
+    removed = []
+    for n in range(1, len(parts) + 1):
+        path = os.path.join(directory, *parts[:n])
+        if os.path.islink(path):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+            break
+    return removed
+
+
+def remove_recorded(directory: str, stop: str) -> list[str]:
+    """Delete every file the manifest of ``directory`` lists, then the manifest.
+
+    Directories left empty are removed up to, but never including, ``stop``
+    (the out dir the user named). Symlinks are removed, never followed.
+    """
+    removed = []
+    for rel in read(directory):
+        path = os.path.join(directory, rel)
+        if os.path.relpath(path, directory).startswith(".."):
+            continue  # a manifest never points outside its own directory
+        try:
+            os.unlink(path)  # unlink removes a symlink itself, not what it points at
+            removed.append(path)
+        except OSError:
+            pass
+        _prune(os.path.dirname(path), stop)
+    try:
+        os.unlink(os.path.join(directory, MANIFEST))
+    except OSError:
+        pass
+    _prune(directory, stop)
+    return removed
+
+
+def _prune(directory: str, stop: str) -> None:
+    stop = os.path.abspath(stop)
+    directory = os.path.abspath(directory)
+    while directory != stop and directory.startswith(stop + os.sep):
+        try:
+            os.rmdir(directory)  # only when empty
+        except OSError:
+            return
+        directory = os.path.dirname(directory)
+
+
+def real_dir(path: Path, inside: Path) -> None:
+    """Make ``path`` a real directory below ``inside``: a symlink on the way is removed.
+
+    A dump directory replaced by a symlink must not make Kiln write
+    wherever the link points.
+    """
+    parts = []
+    current = path
+    while current != inside and inside in current.parents:
+        parts.append(current)
+        current = current.parent
+    for part in reversed(parts):
+        if part.is_symlink():
+            print(
+                f"kiln: warning: {printable(relative_path(part))} is a symlink; "
+                "replacing it by a directory (its target is left alone)",
+                file=sys.stderr,
+            )
+            part.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def clean_targets(directory: str, targets: list[str], stop: str, state_dir: str) -> None:
+    """doit's clean for one compile task: delete what it wrote, as the manifest lists it.
+
+    A target directory (``dumps/summary``) loses only the files Kiln wrote
+    into it; a symlink is removed, never followed; empty directories go,
+    up to but never including ``stop`` (the out dir).
+    """
+    forget_index(state_dir)
+    files = read(directory)
+    for target in targets:
+        rel_target = os.path.relpath(target, directory)
+        owned = [r for r in files if r == rel_target or r.startswith(rel_target + os.sep)]
+        if os.path.islink(target) or (os.path.isfile(target) and rel_target not in owned):
+            owned.append(rel_target)  # the artifact itself, also when written before the manifest
+        for rel in owned:
+            path = os.path.join(directory, rel)
+            try:
+                os.unlink(path)
+                print(f"kiln: removed {printable(relative_path(path))}")
+            except OSError:
+                pass
+            files.pop(rel, None)
+            _prune(os.path.dirname(path), stop)
+    if files:
+        write(directory, files)
+    else:
+        try:
+            os.unlink(os.path.join(directory, MANIFEST))
+        except OSError:
+            pass
+        _prune(directory, stop)

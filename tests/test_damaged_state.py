@@ -1,0 +1,354 @@
+"""Damaged state and a hostile environment, end to end through the real entry points.
+
+A one-kernel project (five tasks) keeps each run short: damaged artifacts
+and state files are rebuilt with one warning, `kiln clean` deletes exactly
+what Kiln wrote, closed pipes and full disks give one message, and
+`python -m kiln` and `doit` answer like `kiln`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, machines_yaml, ran_tasks, run_kiln
+
+PIPELINE = """\
+project: small
+packages: [kernels]
+machine: npu-v1
+kernels:
+  vector_add:
+    shapes:
+      small: {N: 256}
+stages:
+  - {name: trace, module: kiln.stages.trace}
+  - {name: visa, module: kiln.stages.visa}
+  - {name: lir, module: kiln.stages.lir}
+  - {name: schedule, module: kiln.stages.schedule}
+  - {name: edf, module: kiln.stages.edf}
+targets:
+  cpu: {runner: cpu}
+  sim: {runner: sim, machine: npu-v1}
+machines:
+"""
+DODO = "from kiln.tasks.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
+INSTANCE = "build/kiln/kernel/vector_add/small"
+
+
+@pytest.fixture(scope="module")
+def built_small(tmp_path_factory) -> tuple[Path, Path]:
+    """The project built once, and a pristine copy of it to restore from."""
+    base = tmp_path_factory.mktemp("damaged")
+    root = base / "small"
+    shutil.copytree(
+        REPO / "kernels", root / "kernels", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (root / "pipeline.yaml").write_text(PIPELINE + machines_yaml())
+    (root / "dodo.py").write_text(DODO)
+    run_kiln(root, "compile", check=True)
+    pristine = base / "pristine"
+    shutil.copytree(root, pristine, symlinks=True)
+    return root, pristine
+
+
+@pytest.fixture
+def small(built_small) -> Path:
+    """The built project, restored in place: doit's records name its paths, so it stays put."""
+    root, pristine = built_small
+    shutil.rmtree(root)
+    shutil.copytree(pristine, root, symlinks=True)  # copy2 keeps the mtimes doit recorded
+    return root
+
+
+def run_doit(root: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, KILN_CACHE_DIR=str(root / ".cache"))
+    return subprocess.run(
+        [sys.executable, "-m", "doit", *args], cwd=root, env=env, capture_output=True, text=True
+    )
+
+
+def no_traceback(proc: subprocess.CompletedProcess) -> str:
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, text
+    return text
+
+
+# -- damaged artifacts ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["bit_flip", "truncate"])
+def test_damaged_edf_is_rebuilt_by_compile(small, damage):
+    edf = small / INSTANCE / "kernel.edf"
+    good = edf.read_bytes()
+    data = bytearray(good)
+    if damage == "bit_flip":
+        data[len(data) // 2] ^= 0x10
+    else:
+        data = data[: len(data) // 3]
+    edf.write_bytes(bytes(data))
+    proc = run_kiln(small, "compile", check=True)
+    text = no_traceback(proc)
+    assert ran_tasks(proc) == ["compile:vector_add.small.edf"]
+    assert "kernel.edf changed since Kiln wrote it" in text
+    assert edf.read_bytes() == good
+    assert ran_tasks(run_kiln(small, "compile", check=True)) == []
+
+
+def test_touched_artifact_is_not_rebuilt(small):
+    lir = small / INSTANCE / "kernel.lir"
+    st = lir.stat()
+    os.utime(lir, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    proc = run_kiln(small, "compile", check=True)
+    assert "changed since" not in proc.stderr
+
+
+# -- damaged state files -------------------------------------------------------------------
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:5000])
+
+
+def _garbage_inside(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[4096 + 200 : -200] = b"\xab" * (len(data) - 4096 - 400)  # past the first page
+    path.write_bytes(bytes(data))
+
+
+def _text(path: Path) -> None:
+    path.write_text("this is not a database\n")
+
+
+@pytest.mark.parametrize(
+    "damage, entry",
+    [
+        (_truncate, "kiln compile"),
+        (_text, "kiln compile"),
+        (_garbage_inside, "kiln compile"),
+        (_text, "kiln status"),
+        (_garbage_inside, "doit compile"),
+    ],
+    ids=["truncated", "text", "garbage_inside", "status", "doit"],
+)
+def test_damaged_doit_database_is_moved_aside_and_rebuilt(small, damage, entry):
+    db = small / ".kiln" / "doit.sqlite3"
+    damage(db)
+    tool, command = entry.split()
+    proc = run_kiln(small, command) if tool == "kiln" else run_doit(small, command)
+    text = no_traceback(proc)
+    assert proc.returncode == 0, text
+    assert text.count(".kiln/doit.sqlite3 is damaged") == 1, text
+    assert list((small / ".kiln").glob("doit.sqlite3.corrupt-*"))
+    if command == "compile":
+        assert ran_tasks(run_kiln(small, "compile", check=True)) == []
+
+
+@pytest.mark.parametrize("content", ["[1, 2, 3]", '{"format": 3, "files": {"x": 1}}'])
+def test_discovery_cache_of_the_wrong_shape_is_not_used(small, content):
+    (small / ".kiln" / "discovery.json").write_text(content)
+    proc = run_kiln(small, "compile", check=True)
+    no_traceback(proc)
+    assert ran_tasks(proc) == []
+
+
+def test_stale_temp_files_of_a_killed_build_are_removed(small):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True).stdout.strip()  # fmt: skip
+    stale = small / INSTANCE / f".kernel.edf.{dead}.0badc0de.tmp"
+    stale.write_bytes(b"half a binary")
+    (small / INSTANCE / "kernel.edf").unlink()
+    run_kiln(small, "compile", check=True)
+    assert not stale.exists()
+
+
+# -- clean and symlinks --------------------------------------------------------------------
+
+
+def test_clean_deletes_exactly_what_kiln_wrote(small, tmp_path):
+    (small / "pipeline.yaml").write_text(
+        (small / "pipeline.yaml").read_text()
+        + "dumps:\n  - kernels: [vector_add]\n    kinds: [summary, visa]\n"
+    )
+    run_kiln(small, "compile", check=True)
+    inst = small / INSTANCE
+    assert (inst / "dumps" / "summary" / "summary.json").is_file()
+    mine = inst / "notes.txt"
+    mine.write_text("the user's own file\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep\n")
+    (inst / "dumps" / "link").symlink_to(outside)
+    proc = run_kiln(small, "clean")
+    no_traceback(proc)
+    assert proc.returncode == 0
+    left = sorted(p.relative_to(small).as_posix() for p in (small / "build").rglob("*"))
+    assert left == [
+        "build/kiln",
+        "build/kiln/kernel",
+        "build/kiln/kernel/vector_add",
+        f"{INSTANCE}",
+        f"{INSTANCE}/dumps",
+        f"{INSTANCE}/dumps/link",
+        f"{INSTANCE}/notes.txt",
+    ]
+    assert (outside / "keep.txt").read_text() == "keep\n"
+
+
+def test_clean_keeps_the_out_dir_the_user_named(small):
+    run_kiln(small, "clean", check=True)
+    assert (small / "build" / "kiln" / "kernel").is_dir()
+    assert not (small / INSTANCE).exists()
+
+
+def test_dump_dir_replaced_by_a_symlink_is_not_written_through(small, tmp_path):
+    (small / "pipeline.yaml").write_text(
+        (small / "pipeline.yaml").read_text()
+        + "dumps:\n  - kernels: [vector_add]\n    kinds: [summary]\n"
+    )
+    run_kiln(small, "compile", check=True)
+    summary = small / INSTANCE / "dumps" / "summary"
+    shutil.rmtree(summary)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    summary.symlink_to(elsewhere)
+    proc = run_kiln(small, "compile", check=True)
+    no_traceback(proc)
+    assert list(elsewhere.iterdir()) == []
+    assert not summary.is_symlink() and (summary / "summary.json").is_file()
+
+
+# -- pipes, disks and entry points -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["status", "compile"])
+def test_closed_stdout_neither_tracebacks_nor_stops_the_build(small, command):
+    shutil.rmtree(small / "build")
+    shutil.rmtree(small / ".kiln")
+    env = dict(os.environ, KILN_CACHE_DIR=str(small / ".cache"))
+    kiln = subprocess.Popen(
+        [sys.executable, "-m", "kiln", command],
+        cwd=small,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    kiln.stdout.readline()  # `| head -1`
+    kiln.stdout.close()
+    err = kiln.stderr.read().decode()
+    kiln.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert kiln.returncode == 0
+    if command == "compile":
+        assert (small / INSTANCE / "kernel.edf").is_file()
+
+
+def test_full_disk_is_one_message(small, monkeypatch, capsys):
+    import errno
+
+    from kiln.tasks import actions
+
+    from kiln import cli
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(small / INSTANCE / "x.tmp"))
+
+    (small / INSTANCE / "kernel.visa").unlink()
+    monkeypatch.chdir(small)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(small / ".cache"))
+    monkeypatch.setattr("kiln.fsutil.write_bytes_atomic", no_space)
+    assert actions  # the stage action imports write_bytes_atomic from kiln.fsutil when it runs
+    rc = cli.main(["compile"])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert rc == 1, text
+    assert "Traceback" not in text
+    assert "No space left on device" in text and "the disk is full" in text
+    assert (small / INSTANCE / "kernel.edf").is_file()  # nothing built was lost
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["kiln", "compile"], [sys.executable, "-m", "kiln", "compile"], ["doit", "compile"]],
+    ids=["kiln", "python -m kiln", "doit"],
+)
+def test_every_entry_point_gives_the_same_message(small, argv):
+    (small / "pipeline.yaml").write_text(
+        (small / "pipeline.yaml").read_text().replace("N: 256", "N: -1")
+    )
+    env = dict(os.environ, KILN_CACHE_DIR=str(small / ".cache"))
+    if argv[0] == "kiln":
+        argv = [sys.executable, "-m", "kiln.cli", *argv[1:]]
+    elif argv[0] == "doit":
+        argv = [sys.executable, "-m", "doit", *argv[1:]]
+    proc = subprocess.run(argv, cwd=small, env=env, capture_output=True, text=True)
+    text = no_traceback(proc)
+    assert proc.returncode == 2, text
+    assert text.startswith("pipeline.yaml:7:"), text
+    assert "at key: kernels.vector_add.shapes.small.N" in text
+
+
+def test_unusable_cache_dir_is_one_message(small):
+    pytest.importorskip("iree.compiler", reason="the iree target needs the [iree] extra")
+    (small / ".cache").write_text("a file where the cache dir goes\n")
+    proc = run_kiln(small, "run", "vector_add", "--target", "iree")
+    text = no_traceback(proc)
+    assert proc.returncode != 0
+    assert "KILN_CACHE_DIR" in text
+
+
+# -- bugs --------------------------------------------------------------------------------------
+
+SCALAR = """\
+from kiln import Tensor, device
+
+
+@device
+def scale_by(x: Tensor["N"], scale: Tensor[()]):
+    return x * scale
+"""
+
+
+def test_scalar_argument_runs_on_sim(small):
+    (small / "kernels" / "scalar.py").write_text(SCALAR)
+    (small / "pipeline.yaml").write_text(
+        (small / "pipeline.yaml")
+        .read_text()
+        .replace("kernels:\n", "kernels:\n  scale_by: {shapes: {small: {N: 16}}}\n", 1)
+    )
+    proc = run_kiln(small, "test", "scale_by", "--target", "sim")
+    text = no_traceback(proc)
+    assert proc.returncode == 0, text
+    assert "PASS    scale_by.small @ sim" in text
+
+
+@pytest.mark.parametrize("flag, value", [("--iter", "0"), ("--iter", "-3"), ("--warmup", "-1")])
+def test_bench_rejects_counts_below_their_minimum(small, monkeypatch, capsys, flag, value):
+    from kiln import cli
+
+    monkeypatch.chdir(small)
+    rc = cli.main(["bench", "--target", "sim", flag, value])
+    out = capsys.readouterr()
+    assert rc == 2, out
+    assert f"{flag} must be at least" in out.err
+    assert out.out == ""  # refused before anything was timed
+
+
+def test_unwritable_out_dir_is_an_error_at_out_dir(small, monkeypatch, capsys):
+    from kiln import cli
+
+    shutil.rmtree(small / "build" / "kiln" / "kernel")
+    monkeypatch.chdir(small)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(small / ".cache"))
+    # tests may run as root, which may write anywhere: stand in for a read-only dir
+    monkeypatch.setattr("kiln.tasks.project.os.access", lambda path, mode: False)
+    rc = cli.main(["compile"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "the out dir build/kiln/kernel cannot be created: build/kiln is not writable" in err
+    assert "at key: out_dir" in err and "Traceback" not in err
