@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
             return _dispatch(argv)
         from kiln.tasks.build import run_doit
 
-        return run_doit(None, argv)
+        return run_doit(None, argv) or 0  # doit returns None for some commands (clean)
     except KilnError as err:
         _print_error(err, fmt)
         return 2
