@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -66,6 +65,8 @@ def sqlite_problem(path: Path) -> str | None:
     pages = int.from_bytes(header[28:32], "big")
     if page_size < 512 or size % page_size or (pages and size < pages * page_size):
         return f"truncated: {size} bytes, header says {pages} pages of {page_size}"
+    import sqlite3  # only when the database changed since it was last seen sound
+
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:

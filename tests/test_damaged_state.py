@@ -391,3 +391,14 @@ def test_unwritable_out_dir_is_an_error_at_out_dir(small, monkeypatch, capsys):
     assert rc == 2, err
     assert "the out dir build/kiln/kernel cannot be created: build/kiln is not writable" in err
     assert "at key: out_dir" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", [b"\x80\x05garbage", b"", b"\x80\x04K\x05."])
+def test_damaged_pipeline_cache_is_moved_aside_and_rebuilt(small, content):
+    (cache,) = (small / ".kiln").glob("pipeline-*.pickle")
+    cache.write_bytes(content)
+    proc = kiln(small, "compile", check=True)
+    assert proc.stderr.count("is damaged") == 1, proc.stderr
+    assert ran_tasks(proc) == []
+    assert cache.stat().st_size > 100  # rebuilt
+    assert kiln(small, "compile", check=True).stderr == ""

@@ -92,7 +92,12 @@ def load_pipeline_cached(
     try:
         with open(cache_file, "rb") as handle:
             cached_key, pipeline = pickle.load(handle)
-    except _UNUSABLE_CACHE:  # missing, corrupt, or written by another version: rebuild it
+    except FileNotFoundError:
+        cached_key = pipeline = None
+    except _UNUSABLE_CACHE as exc:  # corrupt, truncated or foreign: never used, rebuilt
+        from kiln.statefiles import quarantine
+
+        quarantine(cache_file, f"{type(exc).__name__}: {exc}")
         cached_key = pipeline = None
     if cached_key == key and isinstance(pipeline, Pipeline):
         return pipeline
