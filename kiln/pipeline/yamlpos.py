@@ -325,9 +325,16 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, SourceMap]:
             text = Path(path).read_bytes().decode("utf-8-sig")  # a BOM is not content
         except FileNotFoundError:
             raise PipelineError(f"pipeline file not found: {file}", Location(file)) from None
-        except UnicodeDecodeError as exc:
+        except UnicodeDecodeError as exc:  # point at the line of the first bad byte
+            raw = exc.object
+            line = raw[: exc.start].count(b"\n") + 1
+            column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+            bad = raw[exc.start : exc.end].hex(" ")
             raise PipelineError(
-                f"pipeline file is not UTF-8 text: {exc.reason}", Location(file)
+                f"pipeline file is not UTF-8 text: {exc.reason}",
+                Location(file, line, column),
+                expected="UTF-8 text",
+                found=f"byte(s) {bad} at line {line}, column {column}",
             ) from None
         except OSError as exc:
             raise PipelineError(
