@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from doit.cmd_base import TaskLoader2
@@ -12,7 +14,7 @@ from doit.loader import generate_tasks
 from kiln.tasks.compile import compile_tasks
 from kiln.tasks.project import Project
 
-from kiln.errors import Abort, KilnError
+from kiln.errors import Abort, KilnError, environment_error
 from kiln.logconfig import get_logger, setup_logging
 
 log = get_logger("tasks")
@@ -107,26 +109,19 @@ class KilnLoader(TaskLoader2):
         return tasks
 
 
-class user_errors_abort:  # noqa: N801 - used as a context manager, reads as a phrase
+@contextmanager
+def user_errors_abort():
     """Turn a KilnError (or an OS error) raised while doit loads tasks into an Abort.
 
     doit prints a traceback for any Exception from a loader; an Abort is
     not one, so it reaches the entry point, which prints the message.
     """
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if exc is None or isinstance(exc, Abort):
-            return False
-        from kiln.errors import environment_error
-
-        if isinstance(exc, KilnError):
-            raise Abort(exc) from None
-        if isinstance(exc, OSError):
-            raise Abort(environment_error(exc)) from None
-        return False
+    try:
+        yield
+    except KilnError as err:
+        raise Abort(err) from None
+    except OSError as exc:
+        raise Abort(environment_error(exc)) from None
 
 
 def dodo_namespace(start: Path | None = None) -> dict:
@@ -155,24 +150,18 @@ def dodo_namespace(start: Path | None = None) -> dict:
     return ns
 
 
-class exit_on_user_error:  # noqa: N801 - used as a context manager
+@contextmanager
+def exit_on_user_error():
     """In a dodo.py: print a user-facing error as one message and exit 2."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if exc is None:
-            return False
-        try:
-            with user_errors_abort():
-                raise exc
-        except Abort as abort:
+    try:
+        with user_errors_abort():
+            yield
+    except Abort as abort:
+        if os.environ.get("KILN_MESSAGE_FORMAT") == "json":
+            print(json.dumps(abort.error.to_dict(), sort_keys=True), flush=True)
+        else:
             print(abort.error.render(), file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
-        except BaseException:
-            return False
-        return False
+        raise SystemExit(2) from None
 
 
 def _reporter_class():
