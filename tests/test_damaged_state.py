@@ -81,6 +81,8 @@ def kiln(root: Path, *args: str, check: bool = False) -> subprocess.CompletedPro
     os.environ.pop("KILN_OUT_DIR", None)
     os.environ.pop("KILN_PIPELINE", None)
     os.chdir(root)
+    for name in [m for m in sys.modules if m == "kernels" or m.startswith("kernels.")]:
+        del sys.modules[name]  # another test's project may have imported its own `kernels`
     try:
         with redirect_stdout(out), redirect_stderr(err):
             # doit binds its output stream to sys.stdout when first imported: rebind it
