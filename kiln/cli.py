@@ -16,7 +16,7 @@ from kiln.errors import KilnError
 from kiln.logconfig import setup_logging
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
-OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench")
+OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench", "view", "graph")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +44,8 @@ def _dispatch(argv: list[str]) -> int:
         os.environ["KILN_MESSAGE_FORMAT"] = args.message_format
     from kiln import commands
 
+    if args.command in ("view", "graph"):
+        from kiln.report import commands
     return getattr(commands, f"cmd_{args.command}")(args)
 
 
@@ -64,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar = "DIR" if kind == "summary" else "FILE"
         c.add_argument(f"--dump-{kind}", metavar=metavar, type=Path)
     c.add_argument("--message-format", choices=["human", "json"], default="human")
+    c.add_argument("--profile", type=Path, metavar="FILE", help="write the build's Chrome trace")
 
     s = sub.add_parser("status", help="say which tasks would run, and why")
     s.add_argument("filters", nargs="*", metavar="FILTER")
@@ -93,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--device", type=int, default=0)
     b.add_argument("--output-format", choices=["table", "csv", "json"], default="table")
+
+    from kiln.report.commands import add_parsers
+
+    add_parsers(sub)
     return p
 
 

@@ -29,7 +29,7 @@ def doit_config(project: Project) -> dict:
         "dep_file": str(project.state_dir / "doit.sqlite3"),
         "backend": "sqlite3",
         "check_file_uptodate": "md5" if check == "md5" else "timestamp",
-        "reporter": _reporter_class(),
+        "reporter": _reporter_class(project),
         "default_tasks": ["compile"],
         "verbosity": 1,
     }
@@ -117,7 +117,8 @@ def dodo_namespace(start: Path | None = None) -> dict:
     return ns
 
 
-def _reporter_class():
+def _reporter_class(project: Project):
     from kiln.tasks.reporter import KilnReporter
 
-    return KilnReporter
+    # doit hands a reporter only its own options: bind where results are recorded
+    return type("KilnReporter", (KilnReporter,), {"results_dir": project.state_dir})
