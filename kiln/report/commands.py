@@ -104,6 +104,7 @@ def _build_views(project, instances):
         g,
         lambda n: n + ("\n" + "; ".join(g.nodes[n]["reasons"]) if g.nodes[n]["reasons"] else ""),
         lambda n: "rerun" if g.nodes[n]["reasons"] else g.nodes[n]["stage"],
+        centre=False,  # drawn left to right: one row per instance, from the top
     )
     return drawn, build_critical_path(g, read_profile(project.state_dir))
 

@@ -16,15 +16,15 @@ from kiln.ir.lir import Program
 MAX_DRAWN_NODES = 3000
 
 
-def layered_positions(g: nx.DiGraph) -> dict:
-    """node -> (x, y): y is the topological generation, x the slot within it (centred)."""
+def layered_positions(g: nx.DiGraph, centre: bool = True) -> dict:
+    """node -> (x, y): y is the topological generation, x the slot within it."""
     positions: dict = {}
     layers = [sorted(layer, key=str) for layer in nx.topological_generations(g)]
     width = max((len(layer) for layer in layers), default=0)
     for y, layer in enumerate(layers):
         if y:
             layer.sort(key=lambda n: (_barycentre(g, n, positions), str(n)))
-        offset = (width - len(layer)) / 2
+        offset = (width - len(layer)) / 2 if centre else 0
         for x, node in enumerate(layer):
             positions[node] = (round(offset + x, 2), y)
     return positions
@@ -35,11 +35,11 @@ def _barycentre(g: nx.DiGraph, node, positions: dict) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def drawn_graph(g: nx.DiGraph, label, group, line=None) -> dict:
+def drawn_graph(g: nx.DiGraph, label, group, line=None, centre: bool = True) -> dict:
     """Nodes with coordinates and labels, and edges, as the page's graph view takes them."""
     if g.number_of_nodes() > MAX_DRAWN_NODES:
         return {"omitted": g.number_of_nodes(), "nodes": [], "edges": []}
-    pos = layered_positions(g)
+    pos = layered_positions(g, centre)
     index = {n: i for i, n in enumerate(g.nodes)}
     nodes = []
     for n in g.nodes:
