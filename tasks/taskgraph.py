@@ -63,7 +63,11 @@ def to_json(g: nx.DiGraph) -> str:
             "kind": d["kind"],
             "instance": d["instance"],
             "stage": d["stage"],
-            **({"would_run": bool(d["reasons"]), "reasons": d["reasons"]} if d["reasons"] is not None else {}),
+            **(
+                {"would_run": bool(d["reasons"]), "reasons": d["reasons"]}
+                if d["reasons"] is not None
+                else {}
+            ),
         }
         for n, d in g.nodes(data=True)
     ]
@@ -75,7 +79,11 @@ def to_dot(g: nx.DiGraph) -> str:
     for n, d in g.nodes(data=True):
         attrs = [f"label={_quote(n)}"]
         if d["reasons"]:
-            attrs += ['style=filled', 'fillcolor="#ffd6cc"', f"tooltip={_quote('; '.join(d['reasons']))}"]
+            attrs += [
+                "style=filled",
+                'fillcolor="#ffd6cc"',
+                f"tooltip={_quote('; '.join(d['reasons']))}",
+            ]
         lines.append(f"  {_quote(n)} [{', '.join(attrs)}];")
     for a, b in g.edges:
         lines.append(f"  {_quote(a)} -> {_quote(b)};")

@@ -14,22 +14,29 @@ def add_parsers(sub) -> None:
     v = sub.add_parser("view", help="write one self-contained HTML report of the build")
     v.add_argument("filters", nargs="*", metavar="FILTER")
     v.add_argument("--shapes", metavar="NAME", help="only this shape set")
-    v.add_argument("-o", "--output", type=Path, metavar="FILE", help="default <out_dir>/report.html")
+    v.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="default <out_dir>/report.html"
+    )
     v.add_argument("--open", action="store_true", help="open the report in a web browser")
-    v.add_argument("--compare", type=Path, metavar="OTHER_OUT_DIR", help="diff against another build")
+    v.add_argument(
+        "--compare", type=Path, metavar="OTHER_OUT_DIR", help="diff against another build"
+    )
 
     g = sub.add_parser("graph", help="print the task DAG of the selection")
     g.add_argument("filters", nargs="*", metavar="FILTER")
     g.add_argument("--shapes", metavar="NAME", help="only this shape set")
     g.add_argument("--format", choices=["dot", "json", "mermaid"], default="dot")
-    g.add_argument("--why", action="store_true", help="mark what `kiln status` would rerun, and why")
+    g.add_argument(
+        "--why", action="store_true", help="mark what `kiln status` would rerun, and why"
+    )
 
 
 def selection(project, filters: list[str], shapes: str | None):
     chosen = project.select(filters or None, None, shapes)
     if not chosen:
         raise KilnError(
-            "no kernel instance matches " + " ".join(repr(f) for f in filters or ["(all)"])
+            "no kernel instance matches "
+            + " ".join(repr(f) for f in filters or ["(all)"])
             + (f" with shape set {shapes!r}" if shapes else ""),
             expected="a substring of a kernel path (package.module.function) or instance name",
             found=" ".join(filters) or "(no filter)",
@@ -49,11 +56,10 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from kiln.tasks.project import Project
-
     from kiln.fsutil import write_bytes_atomic
     from kiln.report.data import build_profile, collect
     from kiln.report.html import render_page
+    from kiln.tasks.project import Project
 
     project = Project.find()
     instances = selection(project, args.filters, args.shapes)
@@ -94,10 +100,9 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 def _build_views(project, instances):
     """The task DAG as the page draws it, and the build's critical path (task names)."""
+    from kiln.report.layout import drawn_graph
     from kiln.tasks.results import read_profile
     from kiln.tasks.taskgraph import task_graph
-
-    from kiln.report.layout import drawn_graph
 
     g = task_graph(project, instances, why=True)
     drawn = drawn_graph(
@@ -132,9 +137,8 @@ def write_profile(project, path: Path) -> None:
     """`kiln compile --profile FILE`: the last build's tasks as Chrome-trace JSON."""
     import json
 
-    from kiln.tasks.results import chrome_trace, read_profile
-
     from kiln.fsutil import write_bytes_atomic
+    from kiln.tasks.results import chrome_trace, read_profile
 
     path.parent.mkdir(parents=True, exist_ok=True)
     trace = chrome_trace(read_profile(project.state_dir))

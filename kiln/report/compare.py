@@ -76,7 +76,16 @@ def format_compare(diff: dict) -> str:
     def pct(v):
         return "" if v is None else f"{v:+.1f}%"
 
-    head = ("kernel", "cycles before", "after", "change", "instrs before", "after", "change", "bytes")
+    head = (
+        "kernel",
+        "cycles before",
+        "after",
+        "change",
+        "instrs before",
+        "after",
+        "change",
+        "bytes",
+    )
     table = [head]
     for r in diff["rows"]:
         table.append(
@@ -92,7 +101,10 @@ def format_compare(diff: dict) -> str:
             )
         )
     widths = [max(len(row[c]) for row in table) for c in range(len(head))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    ]
     lines += [f"added: {name}" for name in diff["added"]]
     lines += [f"removed: {name}" for name in diff["removed"]]
     changed = sum(r["bytes_changed"] for r in diff["rows"])

@@ -12,13 +12,12 @@ import importlib
 import json
 from pathlib import Path
 
-from kiln.tasks.compile import stage_artifact
-from kiln.tasks.project import KernelInstance, Project
-from kiln.tasks.results import instance_results, read_failures, read_json
-
 from kiln.report.layout import lir_graph, traced_graph
 from kiln.report.schedule_data import schedule_payload
 from kiln.summary import summarize
+from kiln.tasks.compile import stage_artifact
+from kiln.tasks.project import KernelInstance, Project
+from kiln.tasks.results import instance_results, read_failures, read_json
 
 # the stage modules whose artifacts the report reads, by the role they play
 STAGE_ROLES = {

@@ -86,9 +86,7 @@ def index_table(rows: list[dict], anchors: list[str]) -> str:
             + _bench_cell(row.get("bench") or {})
             + "</tr>"
         )
-    return (
-        f'<table id="index-table"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
-    )
+    return f'<table id="index-table"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>'
 
 
 def compare_table(diff: dict) -> str:
@@ -113,7 +111,8 @@ def compare_table(diff: dict) -> str:
     extra = "".join(f"<li>added: {_e(n)}</li>" for n in diff["added"])
     extra += "".join(f"<li>removed: {_e(n)}</li>" for n in diff["removed"])
     return (
-        f"<p>before: <code>{_e(diff['before'])}</code> · after: <code>{_e(diff['after'])}</code></p>"
+        f"<p>before: <code>{_e(diff['before'])}</code> · "
+        f"after: <code>{_e(diff['after'])}</code></p>"
         '<table id="compare-table"><thead><tr><th class="name">kernel instance</th>'
         "<th>cycles before</th><th>after</th><th>change</th><th>instructions before</th>"
         "<th>after</th><th>change</th><th>bytes</th></tr></thead>"
@@ -140,14 +139,18 @@ def render_page(
         row = entry["row"]
         sections.append(
             f'<section class="instance" id="{anchor}" data-name="{_e(row["name"])}">'
-            f"<h2>{_e(row['name'])} <small class=\"hint\">{_e(row['path'])} · "
+            f'<h2>{_e(row["name"])} <small class="hint">{_e(row["path"])} · '
             f"{_e(row['status'])}</small></h2></section>"
         )
         blobs.append(
             f'<script type="application/octet-stream" class="kiln-detail" '
             f'data-section="{anchor}">{pack(detail)}</script>'
         )
-    index = {"tasks": tasks or {}, "profile": profile or [], "profile_critical": profile_critical or []}
+    index = {
+        "tasks": tasks or {},
+        "profile": profile or [],
+        "profile_critical": profile_critical or [],
+    }
     built = sum(e["row"]["status"] == "built" for e in entries)
     failed = sum(e["row"]["status"] == "failed" for e in entries)
     compare = f"<h2>Compared with another build</h2>{compare_table(diff)}" if diff else ""

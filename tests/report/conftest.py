@@ -18,7 +18,9 @@ def built(tmp_path_factory) -> Path:
     with its recorded diagnostic next to the built ones.
     """
     root = tmp_path_factory.mktemp("report-project")
-    shutil.copytree(REPO / "kernels", root / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "kernels", root / "kernels", ignore=shutil.ignore_patterns("__pycache__")
+    )
     (root / "kernels" / "broken.py").write_text(
         "from kiln import Tensor, device\n\n\n"
         "@device\n"
@@ -29,7 +31,9 @@ def built(tmp_path_factory) -> Path:
         "kernels:\n", "kernels:\n  broken:\n    shapes:\n      small: {N: 8}\n", 1
     )
     (root / "pipeline.yaml").write_text(pipeline + machines_yaml())
-    run_kiln(root, "compile", "softmax", "gemm", "vector_add", "--profile", "profile.json", check=True)
+    run_kiln(
+        root, "compile", "softmax", "gemm", "vector_add", "--profile", "profile.json", check=True
+    )
     failed = run_kiln(root, "compile", "broken")
     assert failed.returncode == 1, failed.stderr
     run_kiln(root, "test", "softmax", "--target", "sim", check=True)

@@ -27,7 +27,11 @@ def test_report_is_self_contained_and_shows_every_instance(report: Path):
     assert "https://" not in page and "<link" not in page and " src=" not in page
     details = _details(page)
     assert set(details) == {
-        "broken.small", "vector_add.small", "softmax.small", "gemm.small", "gemm.wide"
+        "broken.small",
+        "vector_add.small",
+        "softmax.small",
+        "gemm.small",
+        "gemm.wide",
     }
     assert "4 built, 1 failed, 0 not built" in page
     broken = details["broken.small"]
@@ -54,7 +58,9 @@ def test_instance_detail_maps_instructions_to_source_lines(report: Path):
 
 def test_index_shows_recorded_test_and_bench_results(report: Path):
     page = report.read_text()
-    row = re.search(r'<tr><td class="name"><a href="#[^"]+">softmax.small</a>.*?</tr>', page).group(0)
+    row = re.search(r'<tr><td class="name"><a href="#[^"]+">softmax.small</a>.*?</tr>', page).group(
+        0
+    )
     assert "sim: pass" in row and "cycles" in row
 
 
@@ -64,7 +70,9 @@ def test_comment_edit_rewrites_the_source_map_but_not_the_graph(built: Path):
     srcmap_before = json.loads((out / "graph.srcmap.json").read_text())
     source = built / "kernels" / "normalization.py"
     text = source.read_text()
-    source.write_text(text.replace("@device\ndef softmax", "@device\n# a new comment\n\ndef softmax", 1))
+    source.write_text(
+        text.replace("@device\ndef softmax", "@device\n# a new comment\n\ndef softmax", 1)
+    )
     try:
         run_kiln(built, "compile", "softmax", check=True)
         assert (out / "graph.json").read_bytes() == graph_before
@@ -87,7 +95,9 @@ def test_compare_reports_changes_additions_and_removals(built: Path, tmp_path: P
         (out_dir / "gemm" / "small" / "kernel.sched").read_bytes()
     )
     (other / "softmax" / "small" / "kernel.edf").write_bytes(b"old bytes")
-    proc = run_kiln(built, "view", "--compare", str(other), "-o", str(tmp_path / "c.html"), check=True)
+    proc = run_kiln(
+        built, "view", "--compare", str(other), "-o", str(tmp_path / "c.html"), check=True
+    )
     assert "added: gemm.wide" in proc.stdout and "removed: gemm.gone" in proc.stdout
     line = next(x for x in proc.stdout.splitlines() if x.startswith("softmax.small"))
     assert line.split()[-1] == "changed" and "%" in line

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from kiln.stages.schedule import Options, run
+
 from kiln.ir.lir import Dep, Instr, Program, ScheduledProgram, Slot
 from kiln.ir.schedule_check import random_program
 from kiln.report.schedule_data import schedule_critical_path, schedule_payload
-from kiln.stages.schedule import Options, run
 
 
 def _program(instrs) -> Program:
@@ -13,17 +14,27 @@ def _program(instrs) -> Program:
 
 
 def _instr(i, unit, latency, deps=()):
-    return Instr(i, unit, "op", (), (), 0, latency, tuple(Dep(d, "raw") for d in deps), (), f"op{i}")
+    return Instr(
+        i, unit, "op", (), (), 0, latency, tuple(Dep(d, "raw") for d in deps), (), f"op{i}"
+    )
 
 
 def test_critical_path_follows_what_made_each_instruction_wait():
     # 0 (dma, 0-10) -> 2 (vector, 10-15); 1 (dma, 10-30) waits for the unit only; 3 needs 1 and 2
     prog = _program(
-        [_instr(0, "dma0", 10), _instr(1, "dma0", 20), _instr(2, "vector0", 5, [0]),
-         _instr(3, "vector0", 4, [1, 2])]
+        [
+            _instr(0, "dma0", 10),
+            _instr(1, "dma0", 20),
+            _instr(2, "vector0", 5, [0]),
+            _instr(3, "vector0", 4, [1, 2]),
+        ]
     )
-    slots = (Slot(0, "dma0", 0, 10), Slot(1, "dma0", 10, 30), Slot(2, "vector0", 10, 15),
-             Slot(3, "vector0", 30, 34))
+    slots = (
+        Slot(0, "dma0", 0, 10),
+        Slot(1, "dma0", 10, 30),
+        Slot(2, "vector0", 10, 15),
+        Slot(3, "vector0", 30, 34),
+    )
     sp = ScheduledProgram(prog, slots, "critical-path")
     assert schedule_critical_path(sp) == [0, 1, 3]
 
@@ -43,7 +54,7 @@ def test_payload_columns_match_the_schedule():
     assert p["makespan"] == sp.makespan == max(p["end"])
     path = p["critical"]
     assert p["end"][path[-1]] == sp.makespan
-    assert all(p["end"][a] <= p["start"][b] for a, b in zip(path, path[1:]))
+    assert all(p["end"][a] <= p["start"][b] for a, b in zip(path, path[1:], strict=False))
     assert p["node"] == list(range(200))
 
 

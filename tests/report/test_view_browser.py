@@ -7,35 +7,14 @@ installs chromium (see .ci/run).
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
+from kiln.report.chromium import LAUNCH_ARGS, find_chromium
+
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-
-LAUNCH_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
-
-
-def find_chromium() -> str | None:
-    """The system chromium: $KILN_CHROMIUM, /usr/bin/chromium, or one on PATH."""
-    for candidate in (os.environ.get("KILN_CHROMIUM"), "/usr/bin/chromium"):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if found := shutil.which(name):
-            return found
-    return None
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,9 @@ from kiln.tasks.reporter import assign_workers
 
 def test_failures_are_kept_until_the_failed_task_succeeds(tmp_path):
     diag = {"message": "boom"}
-    results.update_failures(tmp_path, {"k.a": {"task": "compile:k.a.visa", "diagnostic": diag}}, set())
+    results.update_failures(
+        tmp_path, {"k.a": {"task": "compile:k.a.visa", "diagnostic": diag}}, set()
+    )
     assert results.read_failures(tmp_path)["k.a"]["diagnostic"] == diag
     # another task of the instance succeeding does not clear it; the failed one does
     results.update_failures(tmp_path, {}, {"compile:k.a.trace"})
@@ -38,7 +40,13 @@ def test_overlapping_tasks_get_different_workers():
 def test_chrome_trace_has_one_complete_event_per_task():
     records = [
         {"task": "compile:k.a.trace", "start": 10.0, "end": 10.5, "outcome": "ran", "worker": 0},
-        {"task": "compile:k.a.visa", "start": 10.5, "end": 10.5, "outcome": "up-to-date", "worker": 1},
+        {
+            "task": "compile:k.a.visa",
+            "start": 10.5,
+            "end": 10.5,
+            "outcome": "up-to-date",
+            "worker": 1,
+        },
     ]
     trace = results.chrome_trace(records)
     events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
@@ -46,7 +54,10 @@ def test_chrome_trace_has_one_complete_event_per_task():
         ("compile:k.a.trace", 0.0, 500000.0, 0),
         ("compile:k.a.visa", 500000.0, 0.0, 1),
     ]
-    assert {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"} == {"worker 0", "worker 1"}
+    assert {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"} == {
+        "worker 0",
+        "worker 1",
+    }
 
 
 def test_task_instance_names():
