@@ -69,6 +69,9 @@ def all_task_dicts(project: Project, instances=None):
     except ImportError:
         return
     yield "test", test_tasks(project, instances)
+    from kiln.tasks.viewing import report_tasks
+
+    yield "report", report_tasks(project, instances)
 
 
 class KilnLoader(TaskLoader2):

@@ -56,9 +56,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from kiln.fsutil import write_bytes_atomic
-    from kiln.report.data import build_profile, collect
-    from kiln.report.html import render_page
+    from kiln.report.page import write_report
     from kiln.tasks.project import Project
 
     project = Project.find()
@@ -76,61 +74,13 @@ def cmd_view(args: argparse.Namespace) -> int:
             )
         diff = compare(Path(project.out_dir), args.compare)
         sys.stdout.write(format_compare(diff))
-    entries = collect(project, instances)
-    tasks, critical = _build_views(project, instances)
-    profile = build_profile(project)
-    page = render_page(
-        project.pipeline.project or "kiln",
-        entries,
-        out,
-        tasks=tasks,
-        profile=profile,
-        profile_critical=_profile_critical(critical, profile),
-        diff=diff,
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(out, page.encode())
-    print(f"kiln: wrote {out} ({len(entries)} kernel instances, {len(page) // 1024} KiB)")
+    size = write_report(project, instances, out, diff)
+    print(f"kiln: wrote {out} ({len(instances)} kernel instances, {size // 1024} KiB)")
     if args.open:
         import webbrowser
 
         webbrowser.open(out.resolve().as_uri())
     return 0
-
-
-def _build_views(project, instances):
-    """The task DAG as the page draws it, and the build's critical path (task names)."""
-    from kiln.report.layout import drawn_graph
-    from kiln.tasks.results import read_profile
-    from kiln.tasks.taskgraph import task_graph
-
-    g = task_graph(project, instances, why=True)
-    drawn = drawn_graph(
-        g,
-        lambda n: n + ("\n" + "; ".join(g.nodes[n]["reasons"]) if g.nodes[n]["reasons"] else ""),
-        lambda n: "rerun" if g.nodes[n]["reasons"] else g.nodes[n]["stage"],
-        centre=False,  # drawn left to right: one row per instance, from the top
-    )
-    return drawn, build_critical_path(g, read_profile(project.state_dir))
-
-
-def build_critical_path(g, records: list[dict]) -> list[str]:
-    """The chain of dependent tasks of the last build with the longest total duration."""
-    import networkx as nx
-
-    took = {r["task"]: max(r["end"] - r["start"], 0.0) for r in records}
-    sub = nx.DiGraph(g.subgraph(took))
-    if not sub.number_of_nodes():
-        return []
-    for a, b in sub.edges:
-        sub.edges[a, b]["took"] = took[b]
-    path = nx.dag_longest_path(sub, weight="took", default_weight=0)
-    return path
-
-
-def _profile_critical(path: list[str], profile: list[dict]) -> list[int]:
-    on_path = set(path)
-    return [i for i, r in enumerate(profile) if r["task"] in on_path]
 
 
 def write_profile(project, path: Path) -> None:

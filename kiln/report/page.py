@@ -1,0 +1,63 @@
+"""Writing the report page: the data of a selection, the build views, one HTML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kiln.fsutil import write_bytes_atomic
+from kiln.report.data import build_profile, collect
+from kiln.report.html import render_page
+
+
+def write_report(project, instances, out: Path, diff: dict | None = None) -> int:
+    """Write the report of ``instances`` to ``out`` atomically; returns its size in bytes."""
+    entries = collect(project, instances)
+    tasks, critical = _build_views(project, instances)
+    profile = build_profile(project)
+    page = render_page(
+        project.pipeline.project or "kiln",
+        entries,
+        out,
+        tasks=tasks,
+        profile=profile,
+        profile_critical=_profile_critical(critical, profile),
+        diff=diff,
+    ).encode()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(out, page)
+    return len(page)
+
+
+def _build_views(project, instances):
+    """The task DAG as the page draws it, and the build's critical path (task names)."""
+    from kiln.report.layout import drawn_graph
+    from kiln.tasks.results import read_profile
+    from kiln.tasks.taskgraph import task_graph
+
+    g = task_graph(project, instances, why=True)
+    drawn = drawn_graph(
+        g,
+        lambda n: n + ("\n" + "; ".join(g.nodes[n]["reasons"]) if g.nodes[n]["reasons"] else ""),
+        lambda n: "rerun" if g.nodes[n]["reasons"] else g.nodes[n]["stage"],
+        centre=False,  # drawn left to right: one row per instance, from the top
+    )
+    return drawn, build_critical_path(g, read_profile(project.state_dir))
+
+
+def build_critical_path(g, records: list[dict]) -> list[str]:
+    """The chain of dependent tasks of the last build with the longest total duration."""
+    import networkx as nx
+
+    took = {r["task"]: max(r["end"] - r["start"], 0.0) for r in records}
+    sub = nx.DiGraph(g.subgraph(took))
+    if not sub.number_of_nodes():
+        return []
+    for a, b in sub.edges:
+        sub.edges[a, b]["took"] = took[b]
+    path = nx.dag_longest_path(sub, weight="took", default_weight=0)
+    return path
+
+
+def _profile_critical(path: list[str], profile: list[dict]) -> list[int]:
+    on_path = set(path)
+    return [i for i, r in enumerate(profile) if r["task"] in on_path]
