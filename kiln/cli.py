@@ -16,7 +16,7 @@ from kiln.errors import KilnError
 from kiln.logconfig import setup_logging
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
-OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench", "view", "graph")
+OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench", "tune", "view", "graph")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +96,27 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--device", type=int, default=0)
     b.add_argument("--output-format", choices=["table", "csv", "json"], default="table")
+
+    u = sub.add_parser(
+        "tune",
+        help="search tiles, fusion and scheduling per kernel; records in tuning.jsonl",
+        description="Price candidate stage options by their makespan on the machine model, "
+        "verify the best on the simulator against the oracle, and keep it in tuning.jsonl, "
+        "which `kiln compile` applies. Example: kiln tune gemm --shapes large --budget 200",
+    )
+    u.add_argument("filters", nargs="*", metavar="FILTER")
+    u.add_argument("--shapes", metavar="NAME", help="only this shape set")
+    u.add_argument("--budget", type=int, default=64, metavar="N", help="trials per instance")
+    u.add_argument(
+        "--strategy",
+        choices=["grid", "random", "evolutionary"],
+        default="evolutionary",
+        help="how candidates are proposed (all deterministic for a given --seed)",
+    )
+    u.add_argument("--seed", type=int, default=0, help="seed of the random proposals")
+    u.add_argument("-n", "--process", type=int, default=0, metavar="N", help="parallel trials")
+    u.add_argument("--force", action="store_true", help="tune again even if a record is current")
+    u.add_argument("--show", action="store_true", help="print the records instead of tuning")
 
     from kiln.report.commands import add_parsers
 

@@ -87,6 +87,10 @@ def cmd_status(args) -> int:
         elif args.all:
             print(f"{name}: up to date")
     print(f"kiln: {len(pending)} of {len(results)} tasks would run")
+    from kiln.tasks.tuning import stale_notes
+
+    for note in stale_notes(project, instances):
+        print(f"note: {note}")
     return 0
 
 
@@ -135,3 +139,13 @@ def cmd_bench(args) -> int:
     from kiln.tasks.benching import run_bench
 
     return run_bench(_project(), args)
+
+
+def cmd_tune(args) -> int:
+    from kiln.tasks.tuning import run_tune, show_records
+
+    project = _project()
+    instances = _select(project, args.filters, (), args.shapes)
+    if args.show:
+        return show_records(project, instances)
+    return run_tune(project, instances, args)

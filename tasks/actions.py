@@ -61,8 +61,13 @@ def _run(spec: dict) -> None:
 
     add_project_root(spec["root"])
     module = importlib.import_module(spec["module"])
+    raw_options = spec["options"]
+    if "tuning" in spec:
+        from kiln.tune.apply import tuned_options
+
+        raw_options = tuned_options(spec["tuning"], spec["stage"], raw_options)
     try:
-        options = build_options(module.Options, spec["options"], spec["stage"])
+        options = build_options(module.Options, raw_options, spec["stage"])
     except KilnError as err:
         raise OptionsError(err) from None
     machine = spec["machine"]

@@ -9,10 +9,14 @@ is a stamp file among its file_deps (see tasks/digest.py).
 
 from __future__ import annotations
 
+import os
+
 from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
 from kiln.tasks.project import KernelInstance, Project
+from kiln.tasks.tuning_key import TuningKeys
 
 import kiln
+from kiln.tune.apply import TUNED_STAGES
 
 # dump kind -> (stage name that owns it, path inside the instance's out dir)
 DUMP_FILES = {
@@ -65,6 +69,8 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     first_artifact = stages[0][2]
     options_memo: dict[tuple[str | None, str], tuple[dict, str]] = {}
     stamps = ConfigStamps(project.state_dir / "config")
+    tuning_file = str(project.root / pipeline.tuning_file)
+    tuning_keys = TuningKeys(project) if os.path.isfile(tuning_file) else None
     for inst in instances if instances is not None else project.instances:
         sources = project.discovery.source_files(inst.source.module)
         dumps = instance_dumps(project, inst) if pipeline.dumps else {}
@@ -77,6 +83,10 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
         out_dir = str(inst.out_dir)
         previous: str | None = None
         previous_module: str | None = None
+        tuning = None
+        if tuning_keys is not None:
+            graph = f"{out_dir}/{first_artifact}"
+            tuning = {"file": tuning_file, "graph": graph, "key": tuning_keys.parts(inst)}
         for index, stage, artifact_file, base_parts in stages:
             memo_key = (own, stage.name)
             if memo_key not in options_memo:
@@ -123,6 +133,9 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 spec["input"] = previous
                 spec["input_module"] = previous_module
                 file_dep = [previous, stamps.path(stage.name, parts)]
+            if tuning is not None and stage.name in TUNED_STAGES:
+                spec["tuning"] = tuning  # looked up in the action: see kiln/tune/apply.py
+                file_dep.append(tuning_file)
             yield {
                 "basename": "compile",
                 "name": f"{inst.name}.{stage.name}",
