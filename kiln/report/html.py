@@ -151,8 +151,10 @@ def render_page(
         "profile": profile or [],
         "profile_critical": profile_critical or [],
     }
-    built = sum(e["row"]["status"] == "built" for e in entries)
+    built = sum(e["row"]["status"] in ("built", "out of date") for e in entries)
     failed = sum(e["row"]["status"] == "failed" for e in entries)
+    stale = sum(e["row"]["status"] == "out of date" for e in entries)
+    stale_note = f" ({stale} out of date)" if stale else ""
     compare = f"<h2>Compared with another build</h2>{compare_table(diff)}" if diff else ""
     return (
         "<!DOCTYPE html>\n"
@@ -160,8 +162,8 @@ def render_page(
         f"<title>{_e(title)} · kiln report</title>"
         f"<style>{asset('report.css')}</style></head><body>"
         f"<h1>{_e(title)}</h1>"
-        f'<p class="hint">{len(entries)} kernel instances: {built} built, {failed} failed, '
-        f"{len(entries) - built - failed} not built</p>"
+        f'<p class="hint">{len(entries)} kernel instances: {built} built{stale_note}, '
+        f"{failed} failed, {len(entries) - built - failed} not built</p>"
         f"{compare}<h2>Kernels</h2>{index_table([e['row'] for e in entries], anchors)}"
         '<h2>Build</h2><div id="build"></div>'
         + "".join(sections)

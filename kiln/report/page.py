@@ -12,7 +12,8 @@ from kiln.report.html import render_page
 def write_report(project, instances, out: Path, diff: dict | None = None) -> int:
     """Write the report of ``instances`` to ``out`` atomically; returns its size in bytes."""
     entries = collect(project, instances)
-    tasks, critical = _build_views(project, instances)
+    g, tasks, critical = _build_views(project, instances)
+    mark_out_of_date(entries, g)
     profile = build_profile(project)
     page = render_page(
         project.pipeline.project or "kiln",
@@ -29,7 +30,7 @@ def write_report(project, instances, out: Path, diff: dict | None = None) -> int
 
 
 def _build_views(project, instances):
-    """The task DAG as the page draws it, and the build's critical path (task names)."""
+    """The task DAG (networkx, and as the page draws it) and the build's critical path."""
     from kiln.report.layout import drawn_graph
     from kiln.tasks.results import read_profile
     from kiln.tasks.taskgraph import task_graph
@@ -41,7 +42,18 @@ def _build_views(project, instances):
         lambda n: "rerun" if g.nodes[n]["reasons"] else g.nodes[n]["stage"],
         centre=False,  # drawn left to right: one row per instance, from the top
     )
-    return drawn, build_critical_path(g, read_profile(project.state_dir))
+    return g, drawn, build_critical_path(g, read_profile(project.state_dir))
+
+
+def mark_out_of_date(entries: list[dict], g) -> None:
+    """A built instance whose compile tasks `kiln status` would rerun is "out of date"."""
+    stale = {
+        d["instance"] for _, d in g.nodes(data=True) if d["kind"] == "compile" and d["reasons"]
+    }
+    for entry in entries:
+        row = entry["row"]
+        if row["status"] == "built" and row["name"] in stale:
+            row["status"] = "out of date"
 
 
 def build_critical_path(g, records: list[dict]) -> list[str]:
