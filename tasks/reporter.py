@@ -193,7 +193,9 @@ class KilnReporter:
             elif r["outcome"] != "failed":
                 succeeded.add(r["task"])
         try:
-            save_profile(self.state_dir, self.records)
+            # a run of other tasks alone (`doit report`) keeps the last build's profile
+            if any(task_instance(r["task"]) for r in self.records):
+                save_profile(self.state_dir, self.records)
             update_failures(self.state_dir, failed, succeeded)
         except OSError as exc:  # the build itself is done: say so, do not fail it
             self._err(f"kiln: could not record the build profile: {exc}\n")

@@ -25,5 +25,8 @@ def test_report_task_reruns_only_when_an_input_changed(project):
     result = project / "build/kiln/kernel/vector_add/small/test-sim.json"
     result.write_text('{"target": "sim", "status": "pass", "outputs": []}')
     os.utime(result, ns=(1, 1))
+    profile = (project / ".kiln" / "profile.json").read_bytes()
     assert ran_tasks(run_kiln(project, "report", check=True)) == ["report:html"]
     assert "sim: pass" in (project / REPORT).read_text()
+    # running the report task alone keeps the last build's profile
+    assert (project / ".kiln" / "profile.json").read_bytes() == profile
