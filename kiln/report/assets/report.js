@@ -141,6 +141,21 @@
         c.strokeRect(this.xOf(d.start[i]), this.top + d.lane[i] * this.laneH + 1, w, this.laneH - 2);
         lit++;
       }
+      // what a selected instruction waited for: a line from each dependency's end
+      if (d.deps && this.selected.size <= 64) {
+        c.strokeStyle = "#333";
+        c.lineWidth = 1;
+        c.beginPath();
+        const mid = (i) => this.top + (d.lane[i] + 0.5) * this.laneH;
+        for (const i of this.selected) {
+          for (let k = d.dep_offsets[i]; k < d.dep_offsets[i + 1]; k++) {
+            const j = d.deps[k];
+            c.moveTo(this.xOf(d.end[j]), mid(j));
+            c.lineTo(this.xOf(d.start[i]), mid(i));
+          }
+        }
+        c.stroke();
+      }
       c.restore();
       this.canvas.dataset.bars = drawn;
       this.canvas.dataset.highlighted = lit;
