@@ -63,9 +63,11 @@ def _instance(project: Project, inst: KernelInstance, failure: dict | None) -> d
         row["status"] = "failed"
         detail["diagnostic"] = failure.get("diagnostic")
         detail["failed_task"] = failure.get("task")
+    last = Path(stage_artifact(inst, project.pipeline.stages[-1].module))
+    if last.is_file() and not failure:
+        row["status"] = "built"
     sched = _read(paths.get("schedule"), "kiln.stages.schedule")
     if sched is not None and not failure:
-        row["status"] = "built"
         summary = summarize(sched, machine)
         row.update(
             makespan=summary["makespan_cycles"],
