@@ -72,7 +72,7 @@ def cmd_view(args: argparse.Namespace) -> int:
                 expected="the out dir of another build (holding <kernel>/<shapes>/kernel.sched)",
                 found=str(args.compare),
             )
-        diff = compare(Path(project.out_dir), args.compare)
+        diff = compare(Path(project.out_dir), args.compare, _selected_names(args, instances))
         sys.stdout.write(format_compare(diff))
     size = write_report(project, instances, out, diff)
     print(f"kiln: wrote {out} ({len(instances)} kernel instances, {size // 1024} KiB)")
@@ -81,6 +81,24 @@ def cmd_view(args: argparse.Namespace) -> int:
 
         webbrowser.open(out.resolve().as_uri())
     return 0
+
+
+def _selected_names(args, instances):
+    """Which instance names a compare covers: the selection, and (for instances the
+    other build has and this pipeline lacks) names matching the same filters."""
+    if not args.filters and not args.shapes:
+        return None
+    names = {inst.name for inst in instances}
+
+    def keep(name: str) -> bool:
+        if name in names:
+            return True
+        shapes = name.rpartition(".")[2]
+        if args.shapes and shapes != args.shapes:
+            return False
+        return not args.filters or any(f in name for f in args.filters)
+
+    return keep
 
 
 def write_profile(project, path: Path) -> None:

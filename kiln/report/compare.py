@@ -43,9 +43,15 @@ def _change(before, after) -> float | None:
     return round(100.0 * (after - before) / before, 2)
 
 
-def compare(current: Path, other: Path) -> dict:
-    """The diff of two out dirs: ``other`` is "before", ``current`` is "after"."""
+def compare(current: Path, other: Path, keep=None) -> dict:
+    """The diff of two out dirs: ``other`` is "before", ``current`` is "after".
+
+    ``keep(name)``, when given, says which instance names to compare (a selection).
+    """
     now, then = scan(current), scan(other)
+    if keep is not None:
+        now = {k: v for k, v in now.items() if keep(k)}
+        then = {k: v for k, v in then.items() if keep(k)}
     rows = []
     for name in sorted(set(now) & set(then)):
         a, b = then[name], now[name]

@@ -103,6 +103,9 @@ def test_compare_reports_changes_additions_and_removals(built: Path, tmp_path: P
     assert line.split()[-1] == "changed" and "%" in line
     assert "gemm.small" in proc.stdout and "1 with changed bytes" in proc.stdout
     assert 'id="compare-table"' in (tmp_path / "c.html").read_text()
+    # with filters, only the selection (and what the other build has under them) is compared
+    only = run_kiln(built, "view", "gemm", "--compare", str(other), "-o", str(tmp_path / "d.html"))
+    assert "softmax" not in only.stdout and "removed: gemm.gone" in only.stdout
 
 
 def test_compare_with_a_missing_dir_is_a_clear_error(built: Path, tmp_path: Path):
