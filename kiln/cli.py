@@ -17,7 +17,7 @@ from kiln.errors import Abort, KilnError, environment_error
 from kiln.logconfig import setup_logging
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
-OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench", "tune")
+OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench", "tune", "view", "graph")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +52,8 @@ def _dispatch(argv: list[str]) -> int:
         os.environ["KILN_MESSAGE_FORMAT"] = args.message_format
     from kiln import commands
 
+    if args.command in ("view", "graph"):
+        from kiln.report import commands
     return getattr(commands, f"cmd_{args.command}")(args)
 
 
@@ -72,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar = "DIR" if kind == "summary" else "FILE"
         c.add_argument(f"--dump-{kind}", metavar=metavar, type=Path)
     c.add_argument("--message-format", choices=["human", "json"], default="human")
+    c.add_argument("--profile", type=Path, metavar="FILE", help="write the build's Chrome trace")
 
     s = sub.add_parser("status", help="say which tasks would run, and why")
     s.add_argument("filters", nargs="*", metavar="FILTER")
@@ -122,6 +125,10 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("-n", "--process", type=int, default=0, metavar="N", help="parallel trials")
     u.add_argument("--force", action="store_true", help="tune again even if a record is current")
     u.add_argument("--show", action="store_true", help="print the records instead of tuning")
+
+    from kiln.report.commands import add_parsers
+
+    add_parsers(sub)
     return p
 
 

@@ -49,6 +49,10 @@ def cmd_compile(args) -> int:
                 f"{sorted(kernels)[0]} --dump-{next(iter(dumps))} FILE`",
             )
     rc = compile_instances(project, instances, args.process)
+    if getattr(args, "profile", None):
+        from kiln.report.commands import write_profile
+
+        write_profile(project, args.profile)
     if rc != 0:
         return rc
     for kind, path in dumps.items():

@@ -93,7 +93,12 @@ def _run(spec: dict) -> None:
         )
     else:
         ir_in = importlib.import_module(spec["input_module"]).read(Path(spec["input"]))
-    ir_out = module.run(ir_in, options, machine)
+    # a stage may also write side artifacts (source maps for the report) next to
+    # its artifact; they are no task target, so they never decide what reruns
+    if hasattr(module, "run_with_side_artifacts"):
+        ir_out, side = module.run_with_side_artifacts(ir_in, options, machine)
+    else:
+        ir_out, side = module.run(ir_in, options, machine), {}
     if "build" in spec and hasattr(ir_out, "with_metadata"):
         ir_out = ir_out.with_metadata(_build_metadata(spec["build"]))
     module.verify(ir_out, machine)
@@ -108,6 +113,8 @@ def _run(spec: dict) -> None:
         "wrote" if changed else "unchanged (early cutoff)",
         artifact,
     )
+    for name, data in side.items():
+        write_bytes_atomic(artifact.parent / name, data)
     for kind, path in spec["dumps"]:
         dump = Path(path)
         real_dir(dump.parent, instance_dir)  # never write through a symlink in the out dir
