@@ -122,7 +122,11 @@ def _run(spec: dict) -> None:
             dump.unlink()
         module.DUMPS[kind](ir_out, dump, machine)
     manifest.forget_index(os.path.join(spec["root"], ".kiln"))
-    manifest.record(str(instance_dir), [str(artifact), *(p for _, p in spec["dumps"])])
+    manifest.record(
+        str(instance_dir),
+        [str(artifact), *(p for _, p in spec["dumps"])],
+        sides=[str(artifact.parent / name) for name in side],
+    )
 
 
 def _build_metadata(build: dict) -> dict:

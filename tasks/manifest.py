@@ -33,22 +33,35 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def read(directory: str) -> dict[str, list]:
-    """rel path -> [size, mtime_ns, sha256] (empty when absent or unreadable)."""
+def read_doc(directory: str) -> dict:
+    """The whole manifest: ``files`` (rel path -> [size, mtime_ns, sha256]) and ``sides``."""
     try:
         with open(os.path.join(directory, MANIFEST), "rb") as f:
             data = json.loads(f.read())
-        files = data["files"] if data.get("format") == FORMAT else {}
-        return files if isinstance(files, dict) else {}
+        if data.get("format") != FORMAT:
+            return {}
+        files, sides = data.get("files", {}), data.get("sides", {})
+        return {
+            "files": files if isinstance(files, dict) else {},
+            "sides": sides if isinstance(sides, dict) else {},
+        }
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}  # a damaged manifest only loses the check; the next build rewrites it
 
 
-def write(directory: str, files: dict[str, list]) -> None:
-    text = json.dumps({"format": FORMAT, "files": files}, sort_keys=True, indent=0)
-    write_bytes_atomic(os.path.join(directory, MANIFEST), text.encode())
+def read(directory: str) -> dict[str, list]:
+    """rel path -> [size, mtime_ns, sha256] (empty when absent or unreadable)."""
+    return read_doc(directory).get("files", {})
+
+
+def write(directory: str, files: dict[str, list], sides: dict | None = None) -> None:
+    """Write the manifest; ``sides`` None keeps the side files already listed."""
+    if sides is None:
+        sides = read_doc(directory).get("sides", {})
+    doc = {"format": FORMAT, "files": files, "sides": sides}
+    write_bytes_atomic(os.path.join(directory, MANIFEST), json.dumps(doc, sort_keys=True).encode())
 
 
 def written_files(path: str) -> list[str]:
@@ -64,15 +77,25 @@ def written_files(path: str) -> list[str]:
     return sorted(found)
 
 
-def record(directory: str, paths: list[str]) -> None:
-    """Add (or refresh) the entries of ``paths`` (files or dump dirs inside ``directory``)."""
-    files = read(directory)
+def record(directory: str, paths: list[str], sides: list[str] = ()) -> None:
+    """Add (or refresh) the entries of ``paths`` (files or dump dirs inside ``directory``).
+
+    ``sides`` are files a stage wrote next to its artifact (paths[0]) that
+    are no task target: not checked for damage (nothing would rebuild them
+    alone), but deleted with the artifact by ``kiln clean``.
+    """
+    doc = read_doc(directory)
+    files, side_map = doc.get("files", {}), doc.get("sides", {})
     for path in paths:
         for file in written_files(path):
             st = os.stat(file)
             rel = os.path.relpath(file, directory)
             files[rel] = [st.st_size, st.st_mtime_ns, file_digest(file)]
-    write(directory, files)
+    if paths:
+        side_map[os.path.relpath(paths[0], directory)] = sorted(
+            os.path.relpath(side, directory) for side in sides
+        )
+    write(directory, files, side_map)
 
 
 INDEX = "manifests.json"  # in the state dir: every instance's manifest, in one file
@@ -264,12 +287,14 @@ def clean_targets(directory: str, targets: list[str], stop: str, state_dir: str)
     up to but never including ``stop`` (the out dir).
     """
     forget_index(state_dir)
-    files = read(directory)
+    doc = read_doc(directory)
+    files, sides = doc.get("files", {}), doc.get("sides", {})
     for target in targets:
         rel_target = os.path.relpath(target, directory)
         owned = [r for r in files if r == rel_target or r.startswith(rel_target + os.sep)]
         if os.path.islink(target) or (os.path.isfile(target) and rel_target not in owned):
             owned.append(rel_target)  # the artifact itself, also when written before the manifest
+        owned += [side for side in sides.pop(rel_target, []) if not side.startswith("..")]
         for rel in owned:
             path = os.path.join(directory, rel)
             try:
@@ -279,8 +304,8 @@ def clean_targets(directory: str, targets: list[str], stop: str, state_dir: str)
                 pass
             files.pop(rel, None)
             _prune(os.path.dirname(path), stop)
-    if files:
-        write(directory, files)
+    if files or sides:
+        write(directory, files, sides)
     else:
         try:
             os.unlink(os.path.join(directory, MANIFEST))
