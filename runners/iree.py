@@ -273,8 +273,10 @@ class IreeRunner(Runner):
             metrics.update(cache="hit", compile_s=0.0)
         except OSError:  # not cached yet
             function = None
-        except Exception:  # noqa: BLE001  a truncated or foreign file: compile again
-            path.unlink(missing_ok=True)
+        except Exception as exc:  # noqa: BLE001  a truncated or foreign file: compile again
+            from kiln.statefiles import quarantine
+
+            quarantine(path, f"{type(exc).__name__}: {exc}", "it will be compiled again")
             function = None
         if function is None:
             vmfb, seconds = compile_graph(graph, config)

@@ -404,3 +404,13 @@ def test_damaged_pipeline_cache_is_moved_aside_and_rebuilt(small, content):
     assert ran_tasks(proc) == []
     assert cache.stat().st_size > 100  # rebuilt
     assert kiln(small, "compile", check=True).stderr == ""
+
+
+def test_damaged_iree_module_cache_is_moved_aside_and_rebuilt(small):
+    pytest.importorskip("iree.compiler", reason="the iree target needs the [iree] extra")
+    kiln(small, "run", "vector_add", "--target", "iree", check=True)
+    (vmfb,) = (small / ".cache" / "iree").glob("*.vmfb")
+    vmfb.write_bytes(vmfb.read_bytes()[:100])
+    proc = kiln(small, "run", "vector_add", "--target", "iree", check=True)
+    assert proc.stderr.count("is damaged") == 1, proc.stderr
+    assert vmfb.stat().st_size > 100 and list(vmfb.parent.glob("*.corrupt-*"))
