@@ -206,7 +206,17 @@ class _Builder:
                 expected="a scalar key such as `name:`",
                 found=f"a {'list' if key.id == 'sequence' else 'mapping'} used as a key",
             )
-        return str(key.value)
+        text = str(key.value)
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):  # a name that would drive a terminal
+            line, col = self.pos(key)
+            raise PipelineError(
+                "a key contains a control character",
+                Location(self.smap.file, line, col, path or None, self.smap.source(line)),
+                expected="a name of printable characters",
+                found=repr(text),
+                hint="remove the escape sequence, newline or NUL from the name",
+            )
+        return text
 
     def record(self, path: str, key: yaml.Node, value: yaml.Node) -> None:
         if self.merging:  # a merged key never moves an explicit key's position
