@@ -57,7 +57,7 @@ def make_project(root: Path, kernels: int) -> None:
                 "",
             ]
         (pkg / f"mod{m // PER_MODULE}.py").write_text("\n".join(lines))
-    stage_rows = "".join(f"  - {{name: {s}, module: stages.{s}}}\n" for s in STAGES)
+    stage_rows = "".join(f"  - {{name: {s}, module: kiln.stages.{s}}}\n" for s in STAGES)
     kernel_rows = "".join(f"  k{k}: {{shapes: {{N: 64}}}}\n" for k in range(kernels))
     machine = (REPO / "pipeline.yaml").read_text().split("machines:\n", 1)[1].split("\ntargets:")[0]
     (root / "pipeline.yaml").write_text(

@@ -27,12 +27,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from kiln.stages import lir, schedule, trace, visa  # noqa: E402
+from kiln.tasks.discovery import Discovery, KernelSource  # noqa: E402
+
 from kiln.errors import KilnError  # noqa: E402
 from kiln.options import build_options  # noqa: E402
 from kiln.pipeline import KernelSpec, Pipeline, load_pipeline  # noqa: E402
 from kiln.summary import summarize  # noqa: E402
-from stages import lir, schedule, trace, visa  # noqa: E402
-from tasks.discovery import Discovery, KernelSource  # noqa: E402
 
 TARGET = 1.10
 POLICIES = ("critical-path", "in-order")

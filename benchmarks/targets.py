@@ -76,13 +76,14 @@ def median_seconds(fn, repeat: int, warmup: int) -> float:
 
 
 def iree_vs_numpy(sizes, repeat: int, warmup: int) -> list[Row]:
+    from kiln.runners.base import KernelArtifacts
+    from kiln.runners.iree import IreeRunner
+    from kiln.tasks.benching import time_runner
+
     from kernels import linalg, normalization
     from kiln.compare import compare
     from kiln.inputs import random_inputs
     from kiln.lang import trace
-    from runners.base import KernelArtifacts
-    from runners.iree import IreeRunner
-    from tasks.benching import time_runner
 
     n, rows, cols = sizes[:3]
     cases = [
@@ -131,14 +132,14 @@ def iree_vs_numpy(sizes, repeat: int, warmup: int) -> list[Row]:
 
 def sim_throughput(sizes, repeat: int) -> list[Row]:
     import yaml
+    from kiln.runners.base import KernelArtifacts
+    from kiln.runners.sim import SimRunner
+    from kiln.stages import edf, lir, schedule, visa
 
     from kernels import normalization
     from kiln.inputs import random_inputs
     from kiln.ir.edf import encode
     from kiln.lang import trace
-    from runners.base import KernelArtifacts
-    from runners.sim import SimRunner
-    from stages import edf, lir, schedule, visa
 
     rows, cols = sizes[3:]
     machines = yaml.safe_load((REPO / "pipeline.yaml").read_text())["machines"]

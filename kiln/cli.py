@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] in OWN_COMMANDS:
             return _dispatch(argv)
-        from tasks.build import run_doit
+        from kiln.tasks.build import run_doit
 
         return run_doit(None, argv)
     except KilnError as err:

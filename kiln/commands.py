@@ -8,7 +8,7 @@ from kiln.errors import KilnError
 
 
 def _project():
-    from tasks.project import Project
+    from kiln.tasks.project import Project
 
     return Project.find()
 
@@ -27,7 +27,7 @@ def _select(project, filters, packages=(), shape_set=None):
 
 
 def cmd_compile(args) -> int:
-    from tasks.build import compile_instances, write_dump
+    from kiln.tasks.build import compile_instances, write_dump
 
     project = _project()
     instances = _select(project, args.filters, args.package, args.shapes)
@@ -64,12 +64,12 @@ def _app(project, filters) -> str | None:
 
 
 def cmd_status(args) -> int:
-    from tasks.status import explain
+    from kiln.tasks.status import explain
 
     project = _project()
     app = _app(project, args.filters)
     if app is not None and not args.package:
-        from tasks.apps import status_app
+        from kiln.tasks.apps import status_app
 
         return status_app(project, app, args.all)
     instances = _select(project, args.filters, args.package)
@@ -87,12 +87,12 @@ def cmd_status(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from tasks.running import run_kernel
+    from kiln.tasks.running import run_kernel
 
     project = _project()
     app = _app(project, [args.name])
     if app is not None:
-        from tasks.apps import run_app
+        from kiln.tasks.apps import run_app
 
         if args.shapes:
             raise KilnError(
@@ -116,18 +116,18 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_test(args) -> int:
-    from tasks.testing import run_tests
+    from kiln.tasks.testing import run_tests
 
     project = _project()
     app = _app(project, args.filters)
     if app is not None:
-        from tasks.apps import test_app
+        from kiln.tasks.apps import test_app
 
         return test_app(project, app, args.target, args.junit)
     return run_tests(project, args)
 
 
 def cmd_bench(args) -> int:
-    from tasks.benching import run_bench
+    from kiln.tasks.benching import run_bench
 
     return run_bench(_project(), args)

@@ -19,10 +19,10 @@ from kiln.errors import TargetError
 from kiln.ir.graph import Graph
 
 BUILTIN_RUNNERS = {
-    "cpu": "runners.cpu:CpuRunner",
-    "sim": "runners.sim:SimRunner",
-    "iree": "runners.iree:IreeRunner",
-    "npu": "runners.npu:NpuRunner",
+    "cpu": "kiln.runners.cpu:CpuRunner",
+    "sim": "kiln.runners.sim:SimRunner",
+    "iree": "kiln.runners.iree:IreeRunner",
+    "npu": "kiln.runners.npu:NpuRunner",
 }
 
 

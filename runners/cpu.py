@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-
-from runners.base import KernelArtifacts, Runner, RunResult
+from kiln.runners.base import KernelArtifacts, Runner, RunResult
 
 
 class CpuRunner(Runner):

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kiln.runners.base import KernelArtifacts, Runner, RunResult
+from kiln.runners.iree_mlir import func_name, to_mlir
 
 from kiln.errors import TargetError
 from kiln.fsutil import write_bytes_atomic
 from kiln.ir.graph import Graph
 from kiln.ir.interp import NUMPY_DTYPES
-from runners.base import KernelArtifacts, Runner, RunResult
-from runners.iree_mlir import func_name, to_mlir
 
 MISSING_EXTRA = "the iree target needs the optional 'iree' extra: pip install 'kiln[iree]'"
 # Host-tuned llvm-cpu flags (DESIGN "Facts measured": gemm 1024 30 ms -> 11 ms).

@@ -13,11 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-
-from kiln.errors import TargetError
-from kiln.ir.graph import Graph, Node
-from kiln.ir.ops import OPS
-from runners.iree_scalar import (  # noqa: F401  (func_name, literal: part of this module's API)
+from kiln.runners.iree_scalar import (  # noqa: F401  (func_name, literal: part of this module's API)
     ELEM,
     ELEMENTWISE,
     F32_SPECIAL,
@@ -32,6 +28,10 @@ from runners.iree_scalar import (  # noqa: F401  (func_name, literal: part of th
     reassociation,
     ttype,
 )
+
+from kiln.errors import TargetError
+from kiln.ir.graph import Graph, Node
+from kiln.ir.ops import OPS
 
 # ---------------------------------------------------------------------------
 # Tensor level: one emitter per op (STYLE 5), each returning the node's value.

@@ -18,7 +18,7 @@ from kiln.ir.graph import Graph, Node
 from kiln.ir.interp import NUMPY_DTYPES
 
 if TYPE_CHECKING:
-    from runners.iree_mlir import _Func
+    from kiln.runners.iree_mlir import _Func
 
 ELEM = {"f32": "f32", "f16": "f16", "bf16": "bf16", "i32": "i32", "bool": "i1"}
 FLOATS = ("f32", "f16", "bf16")

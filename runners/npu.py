@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
+from kiln.runners.base import KernelArtifacts, Runner
+
 from kiln.errors import TargetError
-from runners.base import KernelArtifacts, Runner
 
 
 def _plugin():
     for ep in entry_points(group="kiln.runners"):
-        if ep.name == "npu" and not ep.value.startswith("runners.npu:"):
+        if ep.name == "npu" and not ep.value.startswith("kiln.runners.npu:"):
             return ep
     return None
 

@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from kiln.runners.base import KernelArtifacts, Runner, RunResult
 
 from kiln.errors import TargetError
 from kiln.ir.edf import EdfFile
 from kiln.ir.lir import Instr, ScheduledProgram, Slot
 from kiln.ir.lir_exec import LirExecError, load_inputs, read_outputs
-from runners.base import KernelArtifacts, Runner, RunResult
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class SimBinary:
 
     @staticmethod
     def load(edf: EdfFile) -> SimBinary:
-        from runners.sim_exec import bind
+        from kiln.runners.sim_exec import bind
 
         sp = edf.scheduled
         program = sp.program
@@ -134,7 +134,7 @@ class SimRunner(Runner):
             raise TargetError(
                 f"{artifacts.name}: the sim target runs EDF binaries, and this pipeline has no "
                 "edf stage",
-                hint="end `stages:` with {name: edf, module: stages.edf}",
+                hint="end `stages:` with {name: edf, module: kiln.stages.edf}",
             )
         from kiln.ir.edf import gc_paused
 

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.stages.schedule import raise_violations
+
 import kiln
 from kiln.errors import VerifyError
 from kiln.fsutil import write_bytes_atomic
@@ -21,7 +23,6 @@ from kiln.inspect_edf import load_edf
 from kiln.ir.edf import EdfFile, encode, gc_paused
 from kiln.ir.lir import ScheduledProgram
 from kiln.summary import format_summary, summarize
-from stages.schedule import raise_violations
 
 NAME = "edf"
 ARTIFACT = "kernel.edf"

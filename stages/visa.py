@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.stages.visa_emit import _EMIT, _Emitter
+from kiln.stages.visa_plan import _homes, _Planner, _tiles
+
 from kiln.errors import ArtifactError, Location, VerifyError
 from kiln.fsutil import write_bytes_atomic
 from kiln.ir import visa
 from kiln.ir.edf import gc_paused
 from kiln.ir.graph import Graph
-from stages.visa_emit import _EMIT, _Emitter
-from stages.visa_plan import _homes, _Planner, _tiles
 
 NAME = "visa"
 ARTIFACT = "kernel.visa"

@@ -9,11 +9,7 @@ from __future__ import annotations
 import math
 from itertools import product
 
-from kiln.ir import visa
-from kiln.ir.graph import Node
-from kiln.ir.ops import OPS as GRAPH_OPS
-from kiln.ir.visa import Imm, Tile, View
-from stages.visa_plan import (
+from kiln.stages.visa_plan import (
     _boxes,
     _compact,
     _contig,
@@ -27,6 +23,11 @@ from stages.visa_plan import (
     _Ref,
     _Tiles,
 )
+
+from kiln.ir import visa
+from kiln.ir.graph import Node
+from kiln.ir.ops import OPS as GRAPH_OPS
+from kiln.ir.visa import Imm, Tile, View
 
 
 class _Emitter:

@@ -23,7 +23,7 @@ from kiln.ir.ops import OPS as GRAPH_OPS
 from kiln.ir.visa import Imm, View
 
 if TYPE_CHECKING:
-    from stages.visa import Options
+    from kiln.stages.visa import Options
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import sys
 import traceback
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
+from kiln.tasks.importpath import add_project_root
 
 from kiln.errors import KilnError, Location, StageError
 from kiln.logconfig import get_logger
@@ -59,9 +59,7 @@ def _run(spec: dict) -> None:
     from kiln.fsutil import write_bytes_atomic
     from kiln.options import build_options
 
-    root = spec["root"]
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    add_project_root(spec["root"])
     module = importlib.import_module(spec["module"])
     try:
         options = build_options(module.Options, spec["options"], spec["stage"])
@@ -69,7 +67,7 @@ def _run(spec: dict) -> None:
         raise OptionsError(err) from None
     machine = spec["machine"]
     if "trace" in spec:
-        from stages.trace import TraceRequest
+        from kiln.stages.trace import TraceRequest
 
         t = spec["trace"]
         ir_in = TraceRequest(

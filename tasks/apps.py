@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.tasks.dispatch import KILN_DIRS, Dispatcher
+from kiln.tasks.importpath import add_project_root
+from kiln.tasks.project import KernelInstance, Project
+from kiln.tasks.reach import Reachability, Reached, display_path, has_main
+
 from kiln.errors import KilnError, Location, TargetError
 from kiln.pipeline import AppSpec
-from tasks.dispatch import KILN_DIRS, Dispatcher
-from tasks.project import KernelInstance, Project
-from tasks.reach import Reachability, Reached, display_path, has_main
 
 
 @dataclass
@@ -105,16 +107,14 @@ def describe_plan(project: Project, plan: AppPlan) -> str:
 
 
 def _check_target(project: Project, target: str):
-    from tasks.running import make_runner
+    from kiln.tasks.running import make_runner
 
     runner = make_runner(project, target)  # an unknown target is an error before any build
     return runner
 
 
 def _import_app(project: Project, plan: AppPlan):
-    root = str(project.root)
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    add_project_root(project.root)
     return importlib.import_module(plan.app.module)
 
 
@@ -216,7 +216,7 @@ def save_outputs(outputs: list[tuple[str, Any]], directory: Path) -> list[Path]:
 
 def run_app(project: Project, name: str, target: str, save_dir: Path | None = None) -> int:
     """`kiln run APP`: build what the app reaches, run main() on ``target``, print its outputs."""
-    from tasks.running import build
+    from kiln.tasks.running import build
 
     plan = plan_app(project, name)
     runner = _check_target(project, target)
@@ -245,8 +245,8 @@ def run_app(project: Project, name: str, target: str, save_dir: Path | None = No
 
 def test_app(project: Project, name: str, targets: list[str], junit: Path | None = None) -> int:
     """`kiln test APP`: the app's declared tests, in-process under pytest, once per target."""
-    from tasks.running import build
-    from tasks.testing import default_targets
+    from kiln.tasks.running import build
+    from kiln.tasks.testing import default_targets
 
     plan = plan_app(project, name)
     where = f"apps.{name}.tests"
@@ -277,9 +277,7 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
     print(describe_plan(project, plan), flush=True)
     if plan.instances:
         build(project, plan.instances)
-    root = str(project.root)
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    add_project_root(project.root)
     results = {}
     for target, runner in runners.items():
         reason = runner.unavailable()
@@ -288,7 +286,7 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
             results[target] = "skipped"
             continue
         dispatcher = Dispatcher(project, plan, target, runner)
-        argv = ["-q", "-p", "no:cacheprovider", "--rootdir", root, *map(str, tests)]
+        argv = ["-q", "-p", "no:cacheprovider", "--rootdir", str(project.root), *map(str, tests)]
         if junit is not None:
             path = junit if len(runners) == 1 else junit.with_stem(f"{junit.stem}-{target}")
             argv.append(f"--junitxml={path}")
@@ -308,7 +306,7 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
 
 def status_app(project: Project, name: str, show_all: bool = False) -> int:
     """`kiln status APP`: the kernels the app reaches, and why each would rebuild."""
-    from tasks.status import explain
+    from kiln.tasks.status import explain
 
     plan = plan_app(project, name)
     print(describe_plan(project, plan))

@@ -27,9 +27,10 @@ def time_runner(runner, prepared, inputs, iters: int, warmup: int) -> list[float
 
 
 def bench_rows(project, instances, target: str, iters: int, warmup: int, device: int):
+    from kiln.tasks.running import kernel_artifacts, make_runner
+
     from kiln.inputs import random_inputs
     from kiln.ir.cost import flops, io_bytes
-    from tasks.running import kernel_artifacts, make_runner
 
     runner = make_runner(project, target)
     if device:
@@ -97,8 +98,9 @@ def run_bench(project, args) -> int:
     import contextlib
     import sys
 
+    from kiln.tasks.running import build
+
     from kiln.commands import _select
-    from tasks.running import build
 
     instances = _select(project, args.filters)
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the table/CSV/JSON

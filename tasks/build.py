@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 
 from doit.doit_cmd import DoitMain
+from kiln.tasks.compile import DUMP_FILES, stage_artifact
+from kiln.tasks.importpath import add_project_root
+from kiln.tasks.loader import KilnLoader
+from kiln.tasks.project import KernelInstance, Project
 
 from kiln.errors import KilnError
-from tasks.compile import DUMP_FILES, stage_artifact
-from tasks.loader import KilnLoader
-from tasks.project import KernelInstance, Project
 
 
 def run_doit(project: Project | None, argv: list[str]) -> int:
@@ -29,8 +29,8 @@ def compile_instances(project: Project, instances: list[KernelInstance], jobs: i
 def write_dump(project: Project, inst: KernelInstance, kind: str, path: Path) -> None:
     """Write one dump of an already built instance, from the owning stage's artifact."""
     if kind == "mlir":  # the iree target's input, made from the traced graph
-        from runners.iree import dump_mlir
-        from tasks.running import kernel_artifacts
+        from kiln.runners.iree import dump_mlir
+        from kiln.tasks.running import kernel_artifacts
 
         dump_mlir(kernel_artifacts(project, inst).graph, path)
         return
@@ -42,8 +42,7 @@ def write_dump(project: Project, inst: KernelInstance, kind: str, path: Path) ->
             expected=f"a row named {owner!r} in stages:",
             found=", ".join(s.name for s in project.pipeline.stages),
         )
-    if str(project.root) not in sys.path:
-        sys.path.insert(0, str(project.root))
+    add_project_root(project.root)
     module = importlib.import_module(stage.module)
     ir = module.read(Path(stage_artifact(inst, stage.module)))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,10 @@ is a stamp file among its file_deps (see tasks/digest.py).
 
 from __future__ import annotations
 
+from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
+from kiln.tasks.project import KernelInstance, Project
+
 import kiln
-from tasks.digest import ConfigStamps, digest_json, stage_module_info
-from tasks.project import KernelInstance, Project
 
 # dump kind -> (stage name that owns it, path inside the instance's out dir)
 DUMP_FILES = {
@@ -135,6 +136,6 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
 
 def _run_stage(spec: dict):
     # Imported here so that loading tasks never imports numpy or the stages.
-    from tasks.actions import run_stage
+    from kiln.tasks.actions import run_stage
 
     return run_stage(spec)

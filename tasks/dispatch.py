@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kiln.tasks.project import KernelInstance, Project
+from kiln.tasks.reach import Reachability, display_path
+
 from kiln.errors import KilnError
-from tasks.project import KernelInstance, Project
-from tasks.reach import Reachability, display_path
 
 if TYPE_CHECKING:
-    from tasks.apps import AppPlan
+    from kiln.tasks.apps import AppPlan
 
 # Frames inside these folders are Kiln's own: a call site is the first frame outside them.
 KILN_DIRS = tuple(
@@ -66,7 +67,7 @@ class Dispatcher:
     _warned: set[tuple] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        from tasks.running import make_runner
+        from kiln.tasks.running import make_runner
 
         if self.runner is None:
             self.runner = make_runner(self.project, self.target)
@@ -145,7 +146,7 @@ class Dispatcher:
         return None
 
     def _jit(self, inst: KernelInstance, fn, site, bindings) -> None:
-        from tasks.running import build
+        from kiln.tasks.running import build
 
         sizes = ", ".join(f"{d}={v}" for d, v in bindings)
         seen = inst.source.path in self._reached
@@ -211,7 +212,7 @@ class Dispatcher:
         return self.project.add_instance(kernel, source, shape_set, bindings, dtype, overrides)
 
     def _prepare(self, inst: KernelInstance):
-        from tasks.running import kernel_artifacts
+        from kiln.tasks.running import kernel_artifacts
 
         if inst.name not in self._prepared:
             artifacts = kernel_artifacts(self.project, inst)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from doit.cmd_base import TaskLoader2
 from doit.loader import generate_tasks
+from kiln.tasks.compile import compile_tasks
+from kiln.tasks.project import Project
 
 from kiln.logconfig import get_logger, setup_logging
-from tasks.compile import compile_tasks
-from tasks.project import Project
 
 log = get_logger("tasks")
 
@@ -65,7 +65,7 @@ def all_task_dicts(project: Project, instances=None):
     """Every task generator of the project, as (basename, generator) pairs."""
     yield "compile", compile_tasks(project, instances)
     try:
-        from tasks.testing import test_tasks
+        from kiln.tasks.testing import test_tasks
     except ImportError:
         return
     yield "test", test_tasks(project, instances)
@@ -118,6 +118,6 @@ def dodo_namespace(start: Path | None = None) -> dict:
 
 
 def _reporter_class():
-    from tasks.reporter import KilnReporter
+    from kiln.tasks.reporter import KilnReporter
 
     return KilnReporter

@@ -7,11 +7,14 @@ task, artifact directory and report is per instance.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.tasks.discovery import Discovery, KernelSource
+from kiln.tasks.importpath import add_project_root
+
 from kiln.errors import PipelineError
-from tasks.discovery import Discovery, KernelSource
 
 PIPELINE_FILE = "pipeline.yaml"
 
@@ -44,7 +47,10 @@ class Project:
                 hint="run kiln in a project directory (one with a pipeline.yaml), "
                 "or set KILN_PIPELINE",
             )
+        add_project_root(self.root)
         self.pipeline = load_pipeline_cached(self.pipeline_path, self.state_dir)
+        for warning in self.pipeline.warnings:
+            print(f"kiln: warning: {warning}", file=sys.stderr)
         self.out_dir = self.pipeline.resolve_out_dir()
         self.discovery = Discovery(self.root, self.state_dir / "discovery.json")
         self.kernels = self._resolve_kernels()

@@ -18,8 +18,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kiln.tasks.discovery import Discovery, KernelSource, _is_device_decorator, _resolve_relative
+
 from kiln.errors import KilnError, Location
-from tasks.discovery import Discovery, KernelSource, _is_device_decorator, _resolve_relative
 
 INIT = "<module>"  # the symbol name of a module's import-time code
 # Kiln's own packages: when the project root is Kiln's checkout, they are not app code.

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from tasks.actions import DIAGNOSTIC_MARK
+from kiln.tasks.actions import DIAGNOSTIC_MARK
 
 
 def diagnostic_from_failure(fail) -> dict | None:

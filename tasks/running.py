@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 
+from kiln.tasks.compile import stage_artifact
+from kiln.tasks.importpath import add_project_root
+from kiln.tasks.project import KernelInstance, Project
+
 from kiln.errors import KilnError, TargetError
-from tasks.compile import stage_artifact
-from tasks.project import KernelInstance, Project
 
 
 def load_function(project: Project, inst: KernelInstance):
     """The @device function object of an instance (imports its module)."""
-    if str(project.root) not in sys.path:
-        sys.path.insert(0, str(project.root))
+    add_project_root(project.root)
     module = importlib.import_module(inst.source.module)
     return getattr(module, inst.source.name)
 
 
 def kernel_artifacts(project: Project, inst: KernelInstance):
     """Artifacts of an already built instance, for a runner's prepare()."""
-    from runners.base import KernelArtifacts
-    from stages.trace import read as read_graph
+    from kiln.runners.base import KernelArtifacts
+    from kiln.stages.trace import read as read_graph
 
     stages = project.pipeline.stages
     graph = read_graph(Path(stage_artifact(inst, stages[0].module)))
@@ -34,7 +34,7 @@ def kernel_artifacts(project: Project, inst: KernelInstance):
 
 def make_runner(project: Project, target: str):
     """Instantiate the runner of a pipeline target (or a bare runner kind like `cpu`)."""
-    from runners.base import load_runner_class
+    from kiln.runners.base import load_runner_class
 
     names = [t.name for t in project.pipeline.targets]
     spec = next((t for t in project.pipeline.targets if t.name == target), None)
@@ -52,7 +52,7 @@ def make_runner(project: Project, target: str):
 
 
 def build(project: Project, instances: list[KernelInstance]) -> None:
-    from tasks.build import compile_instances
+    from kiln.tasks.build import compile_instances
 
     rc = compile_instances(project, instances)
     if rc != 0:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from doit.dependency import Dependency, SqliteDB
 from doit.loader import generate_tasks
-
-from tasks.compile import compile_tasks
-from tasks.digest import read_stamp
-from tasks.project import KernelInstance, Project
+from kiln.tasks.compile import compile_tasks
+from kiln.tasks.digest import read_stamp
+from kiln.tasks.project import KernelInstance, Project
 
 PART_NAMES = {
     "options": "stage options changed",

@@ -6,10 +6,11 @@ import json
 import time
 from pathlib import Path
 
+from kiln.tasks.compile import stage_artifact
+from kiln.tasks.digest import ConfigStamps, digest_json
+from kiln.tasks.project import KernelInstance, Project
+
 from kiln.errors import KilnError
-from tasks.compile import stage_artifact
-from tasks.digest import ConfigStamps, digest_json
-from tasks.project import KernelInstance, Project
 
 ORACLE = "cpu"
 
@@ -30,10 +31,11 @@ def check_instance(
     project: Project, inst: KernelInstance, targets: list[str], seed: int = 0
 ) -> list[dict]:
     """Run ``inst`` on each target with the oracle's inputs; one report dict per target."""
+    from kiln.runners.cpu import CpuRunner
+    from kiln.tasks.running import kernel_artifacts, make_runner
+
     from kiln.compare import compare
     from kiln.inputs import random_inputs
-    from runners.cpu import CpuRunner
-    from tasks.running import kernel_artifacts, make_runner
 
     artifacts = kernel_artifacts(project, inst)
     graph = artifacts.graph
@@ -109,14 +111,15 @@ def format_report(r: dict) -> str:
 
 
 def run_tests(project: Project, args) -> int:
+    from kiln.tasks.running import build
+
     from kiln.commands import _select
     from kiln.fsutil import write_bytes_atomic
-    from tasks.running import build
 
     instances = _select(project, args.filters)
     targets = args.target or default_targets(project)
     for t in targets:
-        from tasks.running import make_runner
+        from kiln.tasks.running import make_runner
 
         make_runner(project, t)  # unknown target: error before building anything
     build(project, instances)
@@ -135,7 +138,7 @@ def run_tests(project: Project, args) -> int:
         report_file, json.dumps({"reports": reports}, indent=1, sort_keys=True).encode()
     )
     if args.junit:
-        from tasks.junit import write_junit
+        from kiln.tasks.junit import write_junit
 
         write_junit(args.junit, reports)
     return 1 if counts["fail"] or counts["error"] else 0
@@ -191,7 +194,7 @@ def _test_action(pipeline: str, instance: str, target: str, report_path: str):
     try:
         (report,) = check_instance(project, inst, [target])
     except KilnError as err:
-        from tasks.actions import failure
+        from kiln.tasks.actions import failure
 
         return failure(err)
     print(format_report(report))

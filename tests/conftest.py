@@ -28,11 +28,11 @@ kernels:
       small: {M: 32, K: 32, N: 32}
       wide: {M: 32, K: 64, N: 64}
 stages:
-  - {name: trace, module: stages.trace}
-  - {name: visa, module: stages.visa}
-  - {name: lir, module: stages.lir}
-  - {name: schedule, module: stages.schedule}
-  - {name: edf, module: stages.edf}
+  - {name: trace, module: kiln.stages.trace}
+  - {name: visa, module: kiln.stages.visa}
+  - {name: lir, module: kiln.stages.lir}
+  - {name: schedule, module: kiln.stages.schedule}
+  - {name: edf, module: kiln.stages.edf}
 targets:
   cpu: {runner: cpu}
   sim: {runner: sim, machine: npu-v1}
@@ -59,7 +59,7 @@ def run_kiln(
     cwd: Path, *args: str, env: dict | None = None, check: bool = False, timeout: float = 300
 ) -> subprocess.CompletedProcess:
     """Run the `kiln` CLI as a user would, in ``cwd``."""
-    full_env = dict(os.environ, PYTHONPATH=str(REPO), KILN_CACHE_DIR=str(cwd / ".cache"))
+    full_env = dict(os.environ, KILN_CACHE_DIR=str(cwd / ".cache"))
     full_env.pop("KILN_OUT_DIR", None)
     full_env.update(env or {})
     proc = subprocess.run(

@@ -150,12 +150,12 @@ BAD_PIPELINES = [
         "invalid value for 'kernels.softmax.dtype'", "kernels.softmax.dtype", "dtype: f64"),
     Bad("cache_check_invalid", ("project: e2e\n", "project: e2e\ncache: {check: sha1}\n"),
         "invalid value for 'cache.check'", "cache.check", "check: sha1"),
-    Bad("unknown_stage_module", ("module: stages.lir}", "module: stages.lirr}"),
-        "stage 'lir' names a module that cannot be found", "stages[2].module", "stages.lirr"),
-    Bad("stage_without_module", ("{name: lir, module: stages.lir}", "{name: lir}"),
+    Bad("unknown_stage_module", ("module: kiln.stages.lir}", "module: kiln.stages.lirr}"),
+        "stage 'lir' names a module that cannot be found", "stages[2].module", "kiln.stages.lirr"),
+    Bad("stage_without_module", ("{name: lir, module: kiln.stages.lir}", "{name: lir}"),
         "missing required key 'module'", "stages[2].module", "{name: lir}"),
     Bad("duplicate_stage_name", ("name: lir,", "name: visa,"),
-        "duplicate stage name 'visa'", "stages[2].name", "stages.lir"),
+        "duplicate stage name 'visa'", "stages[2].name", "kiln.stages.lir"),
     Bad("duplicate_yaml_key", ("  gemm:\n", "  softmax:  # twice\n"),
         "duplicate key 'softmax'", "kernels.softmax", "# twice"),
     Bad("invalid_yaml_syntax", ("project: e2e", "project: e2e: oops"),
@@ -511,8 +511,8 @@ def test_unknown_stage_option_lists_the_valid_ones(proj, built):
     text = edit(
         proj,
         (
-            "{name: visa, module: stages.visa}",
-            "{name: visa, module: stages.visa, options: {tile_mm: 32}}",
+            "{name: visa, module: kiln.stages.visa}",
+            "{name: visa, module: kiln.stages.visa, options: {tile_mm: 32}}",
         ),
     )
     out = assert_clean_failure(run_kiln(proj, "compile", "vector_add"), 1)
@@ -582,7 +582,7 @@ def verify(graph, machine):
 
 def test_op_the_visa_stage_cannot_lower(proj, built):
     (proj / "hand_graph.py").write_text(HAND_GRAPH_STAGE)
-    edit(proj, ("{name: trace, module: stages.trace}", "{name: trace, module: hand_graph}"))
+    edit(proj, ("{name: trace, module: kiln.stages.trace}", "{name: trace, module: hand_graph}"))
     out = assert_clean_failure(run_kiln(proj, "compile", "vector_add"), 1)
     assert "FAILED compile:vector_add.small.visa" in out, out
     assert "kernel vector_add: the visa stage cannot lower op 'cumsum' (node 1)" in out, out
@@ -682,8 +682,8 @@ def test_json_diagnostic_for_a_stage_error(proj, built):
     text = edit(
         proj,
         (
-            "{name: schedule, module: stages.schedule}",
-            "{name: schedule, module: stages.schedule, options: {policy: random}}",
+            "{name: schedule, module: kiln.stages.schedule}",
+            "{name: schedule, module: kiln.stages.schedule, options: {policy: random}}",
         ),
     )
     proc = run_kiln(proj, "compile", "vector_add", "--message-format", "json")

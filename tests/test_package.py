@@ -13,7 +13,7 @@ def test_lazy_names_match_the_language():
 
 def test_importing_cli_and_tasks_does_not_import_numpy():
     code = (
-        "import sys, kiln, kiln.cli, kiln.commands, tasks.loader, tasks.build; "
+        "import sys, kiln, kiln.cli, kiln.commands, kiln.tasks.loader, kiln.tasks.build; "
         "from kiln import commands; print('numpy' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

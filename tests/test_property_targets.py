@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kiln.runners.base import KernelArtifacts
+from kiln.runners.sim import SimRunner
 
 import kiln
 from kiln import Tensor, device
 from kiln.compare import compare
 from kiln.inputs import random_inputs
 from kiln.lang import trace
-from runners.base import KernelArtifacts
-from runners.sim import SimRunner
 from tests.runners.test_sim import compile_graph, machine
 
 # ruff: noqa: F821  (Tensor["R"] names a dim)
@@ -206,7 +206,7 @@ def iree_cache(tmp_path_factory):
 @settings(max_examples=10, **COMMON)  # ~1 s per IREE compile on 2 cores
 @given(recipe=recipes())
 def test_random_kernels_agree_with_the_oracle_on_iree_cpu(iree_cache, recipe):
-    from runners.iree import IreeRunner
+    from kiln.runners.iree import IreeRunner
 
     graph, inputs, expected = oracle(recipe)
     runner = IreeRunner(options={"device": "llvm-cpu"})

@@ -69,7 +69,8 @@ def load_pipeline_cached(
 ) -> Pipeline:
     """``load_pipeline`` with a pickle in ``cache_dir`` keyed by the file's stat.
 
-    The key is (absolute path, mtime_ns, size, kiln version, loader stamp);
+    The key is (absolute path, mtime_ns, ctime_ns, inode, size, kiln version,
+    loader stamp);
     a hit returns without reading YAML. A miss loads, validates and writes
     the pickle atomically. Stage module lookups are not redone on a hit.
     """
@@ -78,7 +79,15 @@ def load_pipeline_cached(
         stat = os.stat(path)
     except OSError:
         return load_pipeline(path)  # raises the proper "not found" error
-    key = (str(path), stat.st_mtime_ns, stat.st_size, _kiln_version(), _loader_stamp())
+    key = (
+        str(path),
+        stat.st_mtime_ns,
+        stat.st_ctime_ns,
+        stat.st_ino,
+        stat.st_size,
+        _kiln_version(),
+        _loader_stamp(),
+    )
     cache_file = Path(cache_dir) / f"pipeline-{zlib.crc32(str(path).encode()):08x}.pickle"
     try:
         with open(cache_file, "rb") as handle:
@@ -318,6 +327,15 @@ def _check_references(data: dict[str, Any], smap: SourceMap, root: Path) -> None
                 or (None if machines else "declare it under a `machines:` section"),
             )
     for i, stage in enumerate(data["stages"]):
+        legacy = LEGACY_STAGE_MODULES.get(stage["module"])
+        if legacy is not None and not _project_has_module(root, stage["module"]):
+            line = (smap.position(f"stages[{i}].module", value=True) or (0, 0))[0]
+            data.setdefault("_warnings", []).append(
+                f"{Path(smap.file).name}:{line}: stages[{i}].module: "
+                f"'{stage['module']}' is the old name of a built-in stage; write "
+                f"'{legacy}' (the old name stops working in the next release)"
+            )
+            stage["module"] = legacy
         problem = _find_module(stage["module"], root)
         if problem is not None:
             raise smap.error(
@@ -350,6 +368,26 @@ def _check_shapes(kernel: str, shapes: dict[str, Any], smap: SourceMap) -> None:
                     expected="a Python identifier such as M or K",
                     found=repr(dim),
                 )
+
+
+# Built-in stages moved under Kiln's own namespace: the old top-level names
+# keep working for one release, with a warning.
+LEGACY_STAGE_MODULES = {
+    f"stages.{name}": f"kiln.stages.{name}" for name in ("trace", "visa", "lir", "schedule", "edf")
+}
+
+
+def _project_has_module(root: Path, module: str) -> bool:
+    """True when the project itself defines ``module`` (a user's own ``stages/trace.py``).
+
+    Kiln's own repository is a project too: its ``stages/`` *is* the
+    built-in package, which does not count as the user's.
+    """
+    candidate = root.joinpath(*module.split(".")).with_suffix(".py")
+    if not candidate.is_file():
+        return False
+    spec = importlib.util.find_spec(LEGACY_STAGE_MODULES[module])
+    return spec is None or Path(spec.origin).resolve() != candidate.resolve()
 
 
 def _find_module(module: str, root: Path) -> str | None:

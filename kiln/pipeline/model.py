@@ -109,6 +109,9 @@ class Pipeline:
     machines: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     targets: tuple[TargetSpec, ...] = ()
     apps: tuple[AppSpec, ...] = ()
+    # Things the file asks for that still work but will not for long (old names):
+    # printed as warnings on every run, so they stay visible while cached.
+    warnings: tuple[str, ...] = ()
     # Private: key path -> position, rebuilt from the file on demand when None
     # (the cached pickle leaves it out), and a name -> kernel index.
     _source: SourceMap | None = field(default=None, compare=False, hash=False, repr=False)
@@ -156,6 +159,7 @@ class Pipeline:
                 AppSpec(n, a["module"], tuple(a.get("tests") or ()), a.get("shapes"))
                 for n, a in (get("apps") or {}).items()
             ),
+            warnings=tuple(data.get("_warnings", ())),
             _source=source,
         )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kiln.stages import schedule
 
 import kiln.ir.edf as edf_mod
 from kiln.ir.edf import (
@@ -27,7 +28,6 @@ from kiln.ir.edf import (
 )
 from kiln.ir.lir import DEP_KINDS, Access, ArgSlot, Dep, Instr, Program, ScheduledProgram, Slot
 from kiln.ir.schedule_check import random_program
-from stages import schedule
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINE = {"name": "npu-v1", "clock_mhz": 1000}
@@ -186,7 +186,7 @@ import hashlib, json
 from kiln.ir.edf import EdfFile, encode
 from kiln.ir.schedule_check import random_program
 from kiln.summary import summarize
-from stages import edf, schedule
+from kiln.stages import edf, schedule
 m = {"name": "npu-v1", "clock_mhz": 1000, "units": {"dma": 2, "tensor": 1, "vector": 2}}
 for policy in schedule.POLICIES:
     sp = schedule.run(random_program(11, n=400), schedule.Options(policy), m)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from kiln.stages import visa as visa_stage
 
 import kiln
 from kiln import Tensor, device
@@ -13,7 +14,6 @@ from kiln.ir import visa
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
 from kiln.ir.visa import Buffer, DramTensor, Imm, Instr, Program, Tile, View
 from kiln.lang import trace
-from stages import visa as visa_stage
 
 GOLDEN = Path(__file__).parent / "golden"
 MACHINE = {  # npu-v1 from pipeline.yaml: what the visa stage reads of it

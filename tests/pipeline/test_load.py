@@ -41,9 +41,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (site / FAKE / f"{name}.py").write_text("def run(ir, options, machine):\n    return ir\n")
     monkeypatch.syspath_prepend(str(site))
     text = EXAMPLE.read_text(encoding="utf-8")
-    assert "module: stages." in text
+    assert "module: kiln.stages." in text
     path = tmp_path / "pipeline.yaml"
-    path.write_text(text.replace("module: stages.", f"module: {FAKE}."), encoding="utf-8")
+    path.write_text(text.replace("module: kiln.stages.", f"module: {FAKE}."), encoding="utf-8")
     yield path
     for name in [m for m in sys.modules if m == FAKE or m.startswith(FAKE + ".")]:
         del sys.modules[name]

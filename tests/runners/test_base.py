@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from importlib.metadata import EntryPoint
 
+import kiln.runners.base as base
 import pytest
+from kiln.runners.base import BUILTIN_RUNNERS, Runner, load_runner_class
 
-import runners.base as base
 from kiln.errors import TargetError
-from runners.base import BUILTIN_RUNNERS, Runner, load_runner_class
 
 
 def fake_entry_points(*points: EntryPoint, seen: list | None = None):
@@ -38,19 +38,19 @@ def test_unknown_runner_lists_the_builtins_and_the_plugin_group(monkeypatch):
 
 def test_a_plugin_in_the_kiln_runners_group_is_found(monkeypatch):
     seen: list = []
-    plugin = EntryPoint("board", "runners.cpu:CpuRunner", "kiln.runners")
+    plugin = EntryPoint("board", "kiln.runners.cpu:CpuRunner", "kiln.runners")
     other = EntryPoint("board", "json:JSONDecoder", "some.other.group")
     monkeypatch.setattr(base, "entry_points", fake_entry_points(other, plugin, seen=seen))
-    from runners.cpu import CpuRunner
+    from kiln.runners.cpu import CpuRunner
 
     assert load_runner_class("board") is CpuRunner
     assert seen == [{"group": "kiln.runners"}]
 
 
 def test_a_builtin_name_is_never_taken_over_by_a_plugin(monkeypatch):
-    evil = EntryPoint("sim", "runners.cpu:CpuRunner", "kiln.runners")
+    evil = EntryPoint("sim", "kiln.runners.cpu:CpuRunner", "kiln.runners")
     monkeypatch.setattr(base, "entry_points", fake_entry_points(evil))
-    from runners.sim import SimRunner
+    from kiln.runners.sim import SimRunner
 
     assert load_runner_class("sim") is SimRunner
 
@@ -74,8 +74,8 @@ def test_options_are_copied_not_shared():
 
 
 def test_unknown_target_names_the_pipeline_targets(project):
-    from tasks.project import Project
-    from tasks.running import make_runner
+    from kiln.tasks.project import Project
+    from kiln.tasks.running import make_runner
 
     p = Project(project / "pipeline.yaml")
     assert make_runner(p, "sim").kind == "sim"

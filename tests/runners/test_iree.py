@@ -15,12 +15,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from kiln.runners.base import KernelArtifacts, load_runner_class
 
 from kiln.errors import TargetError
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
 from kiln.ir.interp import NUMPY_DTYPES, run_graph
 from kiln.ir.ops import broadcast_shapes, infer
-from runners.base import KernelArtifacts, load_runner_class
 
 TOLERANCE = {  # dtype -> (rtol, atol)
     "f32": (1e-4, 1e-5),
@@ -104,7 +104,7 @@ def random_inputs(graph: Graph, seed: int = 0, positive: bool = False) -> list[n
 def runner(tmp_path_factory):
     pytest.importorskip("iree.compiler", reason="the iree target needs the 'iree' extra")
     pytest.importorskip("iree.runtime", reason="the iree target needs the 'iree' extra")
-    from runners.iree import IreeRunner
+    from kiln.runners.iree import IreeRunner
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KILN_CACHE_DIR", str(tmp_path_factory.mktemp("kiln-cache")))
@@ -341,7 +341,7 @@ def test_corrupt_cache_entry_is_recompiled(runner):
 
 
 def test_flags_are_part_of_the_cache_key(runner):
-    from runners.iree import IreeRunner
+    from kiln.runners.iree import IreeRunner
 
     graph = _small_graph("flags")
     plain = IreeRunner({"opt": False}).prepare(KernelArtifacts("flags", graph, Path(".")))
@@ -358,7 +358,7 @@ def test_time_returns_one_sample_per_iteration(runner):
 
 
 def test_compile_failure_names_diagnostics_and_dump_hint(runner):
-    from runners.iree import IreeRunner
+    from kiln.runners.iree import IreeRunner
 
     bad = IreeRunner({"flags": ["--iree-no-such-flag"]})
     with pytest.raises(TargetError) as info:
@@ -375,7 +375,7 @@ def test_wrong_input_shape_is_a_target_error(runner):
 
 
 def test_unknown_option_lists_the_valid_ones():
-    from runners.iree import IreeRunner
+    from kiln.runners.iree import IreeRunner
 
     with pytest.raises(TargetError) as info:
         _ = IreeRunner({"devcie": "cuda"}).config
@@ -386,14 +386,14 @@ def test_unknown_option_lists_the_valid_ones():
     "options", [{"opt": "no"}, {"device_index": "1"}, {"flags": "-O3"}, {"device": "tpu"}]
 )
 def test_malformed_options_are_target_errors(options):
-    from runners.iree import IreeRunner
+    from kiln.runners.iree import IreeRunner
 
     with pytest.raises(TargetError, match="iree"):
         _ = IreeRunner(options).config
 
 
 def test_missing_iree_extra_says_how_to_install(monkeypatch):
-    from runners.iree import MISSING_EXTRA, IreeRunner
+    from kiln.runners.iree import MISSING_EXTRA, IreeRunner
 
     monkeypatch.setitem(sys.modules, "iree.compiler", None)
     runner = IreeRunner()
@@ -407,8 +407,8 @@ def test_runner_is_found_by_name():
 
 
 def test_dump_mlir_writes_the_compiled_text(tmp_path):
-    from runners.iree import dump_mlir
-    from runners.iree_mlir import to_mlir
+    from kiln.runners.iree import dump_mlir
+    from kiln.runners.iree_mlir import to_mlir
 
     graph = _small_graph()
     path = dump_mlir(graph, tmp_path / "k.mlir")

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kiln.runners.iree_mlir import func_name, literal, reassociation, to_mlir
 
 from kiln.errors import TargetError
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
-from runners.iree_mlir import func_name, literal, reassociation, to_mlir
 
 GOLDEN = Path(__file__).parent / "golden"
 

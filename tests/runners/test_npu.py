@@ -5,20 +5,20 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
+import kiln.runners.npu as npu
 import numpy as np
 import pytest
+from kiln.runners.base import KernelArtifacts
+from kiln.runners.cpu import CpuRunner
+from kiln.runners.npu import NpuRunner
 
 import kernels.linalg as linalg
-import runners.npu as npu
 from kiln.errors import TargetError
 from kiln.lang import trace
-from runners.base import KernelArtifacts
-from runners.cpu import CpuRunner
-from runners.npu import NpuRunner
 from tests.conftest import REPO, run_kiln
 
 # pyproject.toml registers Kiln's own runners in the group; the npu runner skips itself
-SELF = EntryPoint("npu", "runners.npu:NpuRunner", "kiln.runners")
+SELF = EntryPoint("npu", "kiln.runners.npu:NpuRunner", "kiln.runners")
 
 
 class RecordingRunner(CpuRunner):

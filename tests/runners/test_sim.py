@@ -16,6 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from kiln.runners.base import KernelArtifacts
+from kiln.runners.sim import SimRunner, bounds_errors, find_races
+from kiln.stages import edf as edf_stage
+from kiln.stages import lir as lir_stage
+from kiln.stages import schedule as schedule_stage
+from kiln.stages import visa as visa_stage
 
 import kernels.elementwise as elementwise
 import kernels.linalg as linalg
@@ -30,12 +36,6 @@ from kiln.ir.interp import run_graph
 from kiln.ir.lir import Access, ScheduledProgram, Slot
 from kiln.ir.schedule_check import check_schedule
 from kiln.lang import trace
-from runners.base import KernelArtifacts
-from runners.sim import SimRunner, bounds_errors, find_races
-from stages import edf as edf_stage
-from stages import lir as lir_stage
-from stages import schedule as schedule_stage
-from stages import visa as visa_stage
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINES = yaml.safe_load((REPO / "pipeline.yaml").read_text())["machines"]
@@ -294,7 +294,7 @@ def test_a_pipeline_without_an_edf_stage_is_told_what_to_add(tmp_path):
     graph = trace(elementwise.vector_add, {"N": 8}, "f32")
     with pytest.raises(TargetError) as info:
         SimRunner().prepare(KernelArtifacts("vector_add.small", graph, tmp_path, None))
-    assert "no edf stage" in info.value.message and "stages.edf" in info.value.render()
+    assert "no edf stage" in info.value.message and "kiln.stages.edf" in info.value.render()
 
 
 def test_a_wrong_lowering_gives_wrong_sim_results():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kiln.runners.sim import SimBinary, SimRunner
+from kiln.runners.sim_exec import FAST, bind
 
 import kernels.elementwise as elementwise
 import kernels.linalg as linalg
@@ -12,8 +14,6 @@ import kernels.reductions as reductions
 from kiln.inputs import random_inputs
 from kiln.ir.lir_exec import run_program
 from kiln.lang import trace
-from runners.sim import SimBinary, SimRunner
-from runners.sim_exec import FAST, bind
 from tests.runners.test_sim import compile_graph, machine
 
 CASES = [

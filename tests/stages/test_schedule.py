@@ -10,13 +10,13 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kiln.stages import schedule
 
 from kiln.errors import ArtifactError, StageError, VerifyError
 from kiln.ir.lir import Access, ArgSlot, Dep, Instr, Program, ScheduledProgram, Slot
 from kiln.ir.schedule_check import check_schedule, critical_path, random_program
 from kiln.options import build_options
 from kiln.summary import summarize
-from stages import schedule
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -387,7 +387,7 @@ REAL_KERNELS = [
 
 def compile_real(module: str, function: str, bindings: dict, m: dict):
     """trace -> visa -> lir, as the pipeline runs them: the graph and its LIR program."""
-    from stages import lir, trace, visa
+    from kiln.stages import lir, trace, visa
 
     request = trace.TraceRequest(module=module, function=function, bindings=tuple(bindings.items()))
     graph = trace.run(request, trace.Options(), m)

@@ -1,7 +1,7 @@
 """Test-only stage: the visa stage with one deliberate mistake in its output.
 
 Named in a temporary project's ``stages:`` table in place of
-``stages.visa``, it proves that ``kiln test`` catches a wrong lowering
+``kiln.stages.visa``, it proves that ``kiln test`` catches a wrong lowering
 without any test switch in product code::
 
     - {name: visa, module: tests.support.bad_stage, options: {corrupt: add-to-sub}}
@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from kiln.stages import visa as good
+
 from kiln.errors import StageError
 from kiln.ir import visa
 from kiln.ir.visa import Imm
-from stages import visa as good
 
 NAME = "visa"
 ARTIFACT = "kernel.visa"  # a literal: the task layer reads it without importing

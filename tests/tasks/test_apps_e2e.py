@@ -35,11 +35,11 @@ kernels:
   attention_scores:
     shapes: {S: 16, T: 24, D: 32}
 stages:
-  - {name: trace, module: stages.trace}
-  - {name: visa, module: stages.visa}
-  - {name: lir, module: stages.lir}
-  - {name: schedule, module: stages.schedule}
-  - {name: edf, module: stages.edf}
+  - {name: trace, module: kiln.stages.trace}
+  - {name: visa, module: kiln.stages.visa}
+  - {name: lir, module: kiln.stages.lir}
+  - {name: schedule, module: kiln.stages.schedule}
+  - {name: edf, module: kiln.stages.edf}
 targets:
   cpu: {runner: cpu}
   sim: {runner: sim, machine: npu-v1}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import shutil
 
-from tasks.apps import plan_app
-from tasks.project import Project
+from kiln.tasks.apps import plan_app
+from kiln.tasks.project import Project
+
 from tests.conftest import REPO
 
 

@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from kiln.tasks.benching import render, time_runner
 
-from tasks.benching import render, time_runner
 from tests.conftest import REPO, SMALL_PIPELINE, machines_yaml, run_kiln
 
 KERNELS = ["vector_add.small", "gemm.small", "gemm.wide"]

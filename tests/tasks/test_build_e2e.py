@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import REPO, ran_tasks, run_kiln
+from tests.conftest import ran_tasks, run_kiln
 
 STAGES = ["trace", "visa", "lir", "schedule", "edf"]
 INSTANCES = ["vector_add.small", "softmax.small", "gemm.small", "gemm.wide"]
@@ -90,7 +90,7 @@ def test_status_explains_missing_artifacts_and_option_changes(project):
     pipe = project / "pipeline.yaml"
     pipe.write_text(
         pipe.read_text().replace(
-            "module: stages.schedule}", "module: stages.schedule, options: {policy: in-order}}"
+            "module: kiln.stages.schedule}", "module: stages.schedule, options: {policy: in-order}}"
         )
     )
     status = run_kiln(project, "status", check=True).stdout
@@ -143,7 +143,7 @@ def test_unknown_filter_is_a_clear_error(project):
 
 
 def test_two_concurrent_builds_both_succeed(project):
-    env = dict(os.environ, PYTHONPATH=str(REPO), KILN_CACHE_DIR=str(project / ".cache"))
+    env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"))
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "kiln.cli", "compile"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tasks.discovery import Discovery, package_files, scan_module
+from kiln.tasks.discovery import Discovery, package_files, scan_module
 
 
 def write(path: Path, text: str) -> Path:

@@ -6,9 +6,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from kiln.tasks.reach import Reachability, has_main
 
 from kiln.errors import KilnError
-from tasks.reach import Reachability, has_main
 from tests.conftest import ran_tasks, run_kiln
 
 KERNELS = {

@@ -7,10 +7,10 @@ import json
 
 from doit.exceptions import TaskFailed
 from doit.task import Task
+from kiln.tasks.actions import failure
+from kiln.tasks.reporter import KilnReporter
 
 from kiln.errors import KilnError, Location
-from tasks.actions import failure
-from tasks.reporter import KilnReporter
 
 
 class FakeTerminal(io.StringIO):

@@ -35,7 +35,12 @@ def edit(project: Path, old: str, new: str) -> None:
 
 def use_bad_visa(project: Path) -> None:
     """Compile through the test-only stage that turns the first add into a sub."""
-    edit(project, "module: stages.visa}", "module: tests.support.bad_stage}")
+    package = project / "my_stages"  # a project-local stage package, as a user writes one
+    package.mkdir(exist_ok=True)
+    (package / "__init__.py").write_text("")
+    bad = Path(__file__).resolve().parents[1] / "support" / "bad_stage.py"
+    (package / "bad_stage.py").write_bytes(bad.read_bytes())
+    edit(project, "module: kiln.stages.visa}", "module: my_stages.bad_stage}")
 
 
 def set_kernel_tolerance(project: Path, kernel: str, tolerance: str) -> None:
