@@ -12,11 +12,12 @@ import os
 import sys
 from pathlib import Path
 
+from kiln.commands_cache import add_cache_parser, add_executor_flags
 from kiln.errors import KilnError
 from kiln.logconfig import setup_logging
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
-OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench")
+OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench", "cache")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,8 +43,11 @@ def _dispatch(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "message_format", None):
         os.environ["KILN_MESSAGE_FORMAT"] = args.message_format
-    from kiln import commands
+    from kiln import commands, commands_cache
 
+    if args.command == "cache":
+        return commands_cache.cmd_cache(args)
+    commands_cache.apply_executor_flags(args)
     return getattr(commands, f"cmd_{args.command}")(args)
 
 
@@ -64,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar = "DIR" if kind == "summary" else "FILE"
         c.add_argument(f"--dump-{kind}", metavar=metavar, type=Path)
     c.add_argument("--message-format", choices=["human", "json"], default="human")
+    add_executor_flags(c)
 
     s = sub.add_parser("status", help="say which tasks would run, and why")
     s.add_argument("filters", nargs="*", metavar="FILTER")
@@ -93,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--device", type=int, default=0)
     b.add_argument("--output-format", choices=["table", "csv", "json"], default="table")
+    add_cache_parser(sub)
     return p
 
 

@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
+from kiln.tasks.cached import fetch_or_run
 from kiln.tasks.importpath import add_project_root
 
 from kiln.errors import KilnError, Location, StageError
@@ -27,9 +28,13 @@ def failure(err: KilnError) -> TaskFailed:
 
 
 def run_stage(spec: dict):
-    """Run one stage of one kernel instance; a failure comes back as TaskFailed."""
+    """Run (or fetch) one stage of one kernel instance; a failure comes back as TaskFailed.
+
+    On success the task's values say where the artifact came from
+    (``{"cache": "hit"|"fetched"|"compiled"}``): the reporter counts them.
+    """
     try:
-        _run(spec)
+        how = fetch_or_run(spec, _run)
     except OptionsError as wrapped:
         err = wrapped.error
         if err.location is None:
@@ -52,7 +57,7 @@ def run_stage(spec: dict):
             notes=[detail] if detail else [],
         )
         return failure(err)
-    return None
+    return {"cache": how}
 
 
 def _run(spec: dict) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from doit.doit_cmd import DoitMain
 from kiln.tasks.compile import DUMP_FILES, stage_artifact
+from kiln.tasks.executor import resolve_executor
 from kiln.tasks.importpath import add_project_root
 from kiln.tasks.loader import KilnLoader
 from kiln.tasks.project import KernelInstance, Project
@@ -23,6 +24,15 @@ def compile_instances(project: Project, instances: list[KernelInstance], jobs: i
     last = project.pipeline.stages[-1].name
     names = [f"compile:{inst.name}.{last}" for inst in instances]
     argv = ["run"] + (["-n", str(jobs)] if jobs > 1 else []) + names
+    if resolve_executor(project.pipeline.executor, project.root) is not None:
+        # actions submit to Dask and wait: doit's thread runner gives the parallelism
+        argv = ["run", "-P", "thread", "-n", str(max(jobs, 4)), *names]
+        try:
+            return run_doit(project, argv)
+        finally:
+            from kiln.tasks.remote_exec import close_clients
+
+            close_clients()
     return run_doit(project, argv)
 
 

@@ -10,9 +10,11 @@ is a stamp file among its file_deps (see tasks/digest.py).
 from __future__ import annotations
 
 from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
+from kiln.tasks.executor import resolve_executor
 from kiln.tasks.project import KernelInstance, Project
 
 import kiln
+from kiln.cache.config import resolve_cache_config
 
 # dump kind -> (stage name that owns it, path inside the instance's out dir)
 DUMP_FILES = {
@@ -65,6 +67,8 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     first_artifact = stages[0][2]
     options_memo: dict[tuple[str | None, str], tuple[dict, str]] = {}
     stamps = ConfigStamps(project.state_dir / "config")
+    cache = resolve_cache_config(pipeline.cache_settings).to_dict()
+    executor = resolve_executor(pipeline.executor, project.root)
     for inst in instances if instances is not None else project.instances:
         sources = project.discovery.source_files(inst.source.module)
         dumps = instance_dumps(project, inst) if pipeline.dumps else {}
@@ -77,6 +81,7 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
         out_dir = str(inst.out_dir)
         previous: str | None = None
         previous_module: str | None = None
+        chain: list[dict] = []
         for index, stage, artifact_file, base_parts in stages:
             memo_key = (own, stage.name)
             if memo_key not in options_memo:
@@ -96,7 +101,10 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 "machine": machine,
                 "artifact": artifact,
                 "dumps": stage_dumps,
+                "cache": cache,
             }
+            if executor is not None:
+                spec["executor"] = executor
             if index == len(stages) - 1:
                 # what the binary records about its own making (see tasks/actions.py)
                 spec["build"] = {
@@ -118,11 +126,15 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                     "default_dtype": dtype,
                 }
                 parts["kernel"] = digest_json(spec["trace"])
+                spec["sources"] = list(sources)
                 file_dep = [*sources, stamps.path(stage.name, parts)]
             else:
                 spec["input"] = previous
                 spec["input_module"] = previous_module
                 file_dep = [previous, stamps.path(stage.name, parts)]
+            chain.append(spec)
+            if executor is not None:
+                spec["chain"] = chain  # the stages from this one on run as one remote task
             yield {
                 "basename": "compile",
                 "name": f"{inst.name}.{stage.name}",

@@ -1,0 +1,86 @@
+"""Fetch-or-run for a stage action, keyed by content (never by doit's ``uptodate``).
+
+The action key is computed from files and metadata only, so a cache hit
+imports neither numpy nor the stages: it reads, verifies and writes bytes.
+A stage that writes dumps always runs (dumps are files the user asked to
+see made, not artifacts to share).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kiln.tasks.digest import stage_module_info
+
+from kiln.cache.action import action_key, file_digest
+from kiln.cache.config import CacheConfig
+from kiln.cache.session import COMPILED, session_for
+from kiln.fsutil import write_bytes_atomic
+from kiln.logconfig import get_logger
+
+log = get_logger("cache")
+
+
+def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | None = None) -> str:
+    """The action key of one stage of one instance (paths never enter it, only bytes).
+
+    ``input_digest``/``graph_digest`` stand for files not written yet (the
+    outputs of a chain run on a Dask worker, keyed before they land).
+    """
+    root = spec["root"]
+    if "trace" in spec:
+        inputs = {_rel(p, root): file_digest(p) for p in spec.get("sources", ())}
+        extra = {"trace": spec["trace"]}
+    else:
+        inputs = {"input": input_digest or file_digest(spec["input"])}
+        extra = {}
+    if "build" in spec:
+        build = dict(spec["build"])
+        graph = build.pop("graph")
+        if graph_digest is None and os.path.isfile(graph):
+            graph_digest = file_digest(graph)
+        build["graph_sha256"] = graph_digest
+        extra["build"] = build
+    extra["stage"] = spec["stage"]
+    return action_key(
+        inputs=inputs,
+        options=spec["options"],
+        machine=spec["machine"],
+        code=stage_module_info(spec["module"])[0],
+        extra=extra,
+    )
+
+
+def fetch_or_run(spec: dict, run) -> str:
+    """Write the stage's artifact from the store, or ``run(spec)`` and store what it wrote."""
+    settings = spec.get("cache")
+    if not settings or not settings.get("enabled") or spec["dumps"]:
+        run(spec)
+        return COMPILED
+    session = session_for(CacheConfig(**settings))
+    key = stage_key(spec)
+    outputs, how = session.lookup(key)
+    artifact = Path(spec["artifact"])
+    if outputs is None and spec.get("executor"):
+        from kiln.tasks.remote_exec import run_chain_remotely
+
+        run_chain_remotely(spec, session)
+        outputs, how = session.lookup(key)
+    if outputs is not None:
+        write_bytes_atomic(artifact, outputs["artifact"])
+        log.info("%s %s: %s from cache %s", spec["instance"], spec["stage"], how, artifact)
+        return how
+    run(spec)
+    try:
+        session.store(key, {"artifact": artifact.read_bytes()})
+    except OSError as exc:  # a full or read-only cache disk costs speed, not the build
+        log.warning("could not store %s in the cache: %s", artifact, exc)
+    return COMPILED
+
+
+def _rel(path: str, root: str) -> str:
+    try:
+        return os.path.relpath(path, root)
+    except ValueError:
+        return path
