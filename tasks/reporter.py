@@ -143,6 +143,9 @@ class KilnReporter:
         if any(counts.values()):
             record_cache_counts(counts)
         if self.format == "json":
+            if any(counts.values()):
+                cache = {"kind": "cache", "fetched": fetched, "compiled": counts["compiled"]}
+                self._write(json.dumps(dict(cache, local_hits=counts["hit"])) + "\n")
             self._write(
                 json.dumps(
                     {
@@ -150,8 +153,6 @@ class KilnReporter:
                         "ran": len(self.ran),
                         "up_to_date": self.uptodate,
                         "failed": len(self.failures),
-                        "fetched": fetched,
-                        "compiled": counts["compiled"],
                     }
                 )
                 + "\n"
