@@ -35,3 +35,28 @@ def test_missing_extra_is_one_message_naming_it(monkeypatch):
         require_remote_support("s3://bucket/prefix")
     assert "s3fs" in info.value.message
     assert "kiln[distributed]" in info.value.hint
+
+
+def test_pipeline_yaml_declares_the_remote_and_the_executor(project):
+    from kiln.pipeline import load_pipeline
+
+    path = project / "pipeline.yaml"
+    text = path.read_text()
+    path.write_text(
+        "cache: {check: md5, remote: 's3://team/kiln', upload: false, timeout: 4}\n"
+        "executor: {kind: dask, address: 'tcp://10.0.0.1:8786'}\n" + text
+    )
+    pipeline = load_pipeline(path)
+    assert pipeline.cache_check == "md5"
+    assert pipeline.cache_settings == {"remote": "s3://team/kiln", "upload": False, "timeout": 4}
+    assert pipeline.executor == {"kind": "dask", "address": "tcp://10.0.0.1:8786"}
+
+
+def test_unknown_executor_kind_is_rejected_with_the_key_path(project):
+    from kiln.pipeline import load_pipeline
+
+    path = project / "pipeline.yaml"
+    path.write_text("executor: {kind: ray}\n" + path.read_text())
+    with pytest.raises(KilnError) as info:
+        load_pipeline(path)
+    assert "executor.kind" in info.value.render()
