@@ -17,7 +17,18 @@ from kiln.errors import KilnError
 from kiln.logconfig import setup_logging
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
-OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench", "cache")
+OWN_COMMANDS = (
+    "compile",
+    "status",
+    "run",
+    "inspect",
+    "test",
+    "bench",
+    "tune",
+    "view",
+    "graph",
+    "cache",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +59,8 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "cache":
         return commands_cache.cmd_cache(args)
     commands_cache.apply_executor_flags(args)
+    if args.command in ("view", "graph"):
+        from kiln.report import commands
     return getattr(commands, f"cmd_{args.command}")(args)
 
 
@@ -69,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument(f"--dump-{kind}", metavar=metavar, type=Path)
     c.add_argument("--message-format", choices=["human", "json"], default="human")
     add_executor_flags(c)
+    c.add_argument("--profile", type=Path, metavar="FILE", help="write the build's Chrome trace")
 
     s = sub.add_parser("status", help="say which tasks would run, and why")
     s.add_argument("filters", nargs="*", metavar="FILTER")
@@ -99,6 +113,31 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--device", type=int, default=0)
     b.add_argument("--output-format", choices=["table", "csv", "json"], default="table")
     add_cache_parser(sub)
+
+    u = sub.add_parser(
+        "tune",
+        help="search tiles, fusion and scheduling per kernel; records in tuning.jsonl",
+        description="Price candidate stage options by their makespan on the machine model, "
+        "verify the best on the simulator against the oracle, and keep it in tuning.jsonl, "
+        "which `kiln compile` applies. Example: kiln tune gemm --shapes large --budget 200",
+    )
+    u.add_argument("filters", nargs="*", metavar="FILTER")
+    u.add_argument("--shapes", metavar="NAME", help="only this shape set")
+    u.add_argument("--budget", type=int, default=64, metavar="N", help="trials per instance")
+    u.add_argument(
+        "--strategy",
+        choices=["grid", "random", "evolutionary"],
+        default="evolutionary",
+        help="how candidates are proposed (all deterministic for a given --seed)",
+    )
+    u.add_argument("--seed", type=int, default=0, help="seed of the random proposals")
+    u.add_argument("-n", "--process", type=int, default=0, metavar="N", help="parallel trials")
+    u.add_argument("--force", action="store_true", help="tune again even if a record is current")
+    u.add_argument("--show", action="store_true", help="print the records instead of tuning")
+
+    from kiln.report.commands import add_parsers
+
+    add_parsers(sub)
     return p
 
 

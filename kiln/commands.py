@@ -49,6 +49,10 @@ def cmd_compile(args) -> int:
                 f"{sorted(kernels)[0]} --dump-{next(iter(dumps))} FILE`",
             )
     rc = compile_instances(project, instances, args.process)
+    if getattr(args, "profile", None):
+        from kiln.report.commands import write_profile
+
+        write_profile(project, args.profile)
     if rc != 0:
         return rc
     for kind, path in dumps.items():
@@ -83,6 +87,10 @@ def cmd_status(args) -> int:
         elif args.all:
             print(f"{name}: up to date")
     print(f"kiln: {len(pending)} of {len(results)} tasks would run")
+    from kiln.tasks.tuning import stale_notes
+
+    for note in stale_notes(project, instances):
+        print(f"note: {note}")
     return 0
 
 
@@ -131,3 +139,13 @@ def cmd_bench(args) -> int:
     from kiln.tasks.benching import run_bench
 
     return run_bench(_project(), args)
+
+
+def cmd_tune(args) -> int:
+    from kiln.tasks.tuning import run_tune, show_records
+
+    project = _project()
+    instances = _select(project, args.filters, (), args.shapes)
+    if args.show:
+        return show_records(project, instances)
+    return run_tune(project, instances, args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -21,10 +22,13 @@ from kiln.fsutil import write_bytes_atomic
 from kiln.ir.graph import Graph
 from kiln.lang.device import DeviceFunction
 from kiln.lang.errors import def_location, frame_location, source_line
-from kiln.lang.tracer import trace
+from kiln.lang.tracer import trace_with_lines
 
 NAME = "trace"
 ARTIFACT = "graph.json"
+# Where each node came from, beside graph.json and never inside it: a comment
+# edit rewrites this file while graph.json keeps its bytes (early cutoff).
+SOURCE_MAP = "graph.srcmap.json"
 
 
 @dataclass(frozen=True)
@@ -49,12 +53,37 @@ class TraceRequest:
 
 def run(request: TraceRequest, options: Options, machine: dict | None) -> Graph:
     """Import the kernel's module, find the @device function and trace it."""
+    return run_with_side_artifacts(request, options, machine)[0]
+
+
+def run_with_side_artifacts(
+    request: TraceRequest, options: Options, machine: dict | None
+) -> tuple[Graph, dict[str, bytes]]:
+    """``run``, plus the source map (``SOURCE_MAP``): node id -> line of the kernel's file."""
     module = load_module(request.module)
     fn = _find(module, request)
     dtypes = dict(request.dtypes)
     if request.default_dtype:
         dtypes.setdefault("*", request.default_dtype)
-    return trace(fn, dict(request.bindings), dtypes)
+    graph, lines = trace_with_lines(fn, dict(request.bindings), dtypes)
+    return graph, {SOURCE_MAP: source_map(fn, lines)}
+
+
+def source_map(fn: DeviceFunction, lines: dict[int, int]) -> bytes:
+    """The kernel's source text (as traced) and the line that made each node, as JSON."""
+    try:
+        source, first = inspect.getsourcelines(fn.fn)
+        path = inspect.getsourcefile(fn.fn) or ""
+    except (OSError, TypeError):
+        source, first, path = [], 0, ""
+    doc = {
+        "file": path,
+        "function": fn.__name__,
+        "first_line": first,
+        "source": [line.rstrip("\r\n") for line in source],
+        "nodes": {str(node): line for node, line in sorted(lines.items())},
+    }
+    return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
 def serialize(graph: Graph) -> bytes:

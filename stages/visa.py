@@ -12,6 +12,7 @@ axes), scalar constants are immediates.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from kiln.ir.graph import Graph
 
 NAME = "visa"
 ARTIFACT = "kernel.visa"
+# vISA instruction -> graph node id, beside the artifact (see run_with_side_artifacts)
+NODE_MAP = "kernel.visa.nodes.json"
 
 
 @dataclass(frozen=True)
@@ -42,24 +45,41 @@ class Options:
 
 def run(graph: Graph, options: Options, machine: dict) -> visa.Program:
     """Lower a traced graph to a tiled vISA program for ``machine``."""
+    return run_with_side_artifacts(graph, options, machine)[0]
+
+
+def run_with_side_artifacts(
+    graph: Graph, options: Options, machine: dict
+) -> tuple[visa.Program, dict[str, bytes]]:
+    """``run``, plus ``NODE_MAP``: the graph node each instruction was emitted for.
+
+    LIR instruction i and schedule slot i are vISA instruction i, so this one
+    list maps every later stage back to the graph (and, through the trace
+    stage's source map, to the kernel's lines).
+    """
     with gc_paused():  # many small long-lived records: collector passes find nothing
-        return _run(graph, options, machine)
+        program, origins = _run(graph, options, machine)
+    doc = {"kernel": program.kernel, "nodes": origins}
+    return program, {NODE_MAP: json.dumps(doc, separators=(",", ":")).encode()}
 
 
-def _run(graph: Graph, options: Options, machine: dict) -> visa.Program:
+def _run(graph: Graph, options: Options, machine: dict) -> tuple[visa.Program, list[int]]:
     tiles = _tiles(options, machine)
     plan = _Planner(graph, options.fusion, tiles)
     tensors, home, pads = _homes(plan)
     emitter = _Emitter(plan, tiles, home, pads)
     for group in plan.groups:
+        subject = group.node or group.producer or (group.members[0] if group.members else None)
+        emitter.current = subject.id if subject is not None else -1
         _EMIT[group.kind](emitter, group)
-    return visa.Program(
+    program = visa.Program(
         kernel=graph.name,
         bindings=tuple(graph.bindings),
         tensors=tuple(tensors),
         buffers=tuple(emitter.buffers.values()),
         instrs=tuple(emitter.instrs),
     )
+    return program, emitter.origins
 
 
 def serialize(program: visa.Program) -> bytes:

@@ -42,6 +42,9 @@ class _Emitter:
         self.instrs: list[visa.Instr] = []
         self.buffers: dict[str, visa.Buffer] = {}
         self.loaded: dict[str, tuple] = {}  # buffer -> (source, shape) it holds unchanged
+        # the graph node each instruction was emitted for (the report's source map)
+        self.current = -1
+        self.origins: list[int] = []
 
     # -- primitives ------------------------------------------------------------
     def buffer(self, name: str, dtype: str, shape: tuple[int, ...]) -> str:
@@ -63,6 +66,7 @@ class _Emitter:
                 if isinstance(src, View) and src.tensor == dst.tensor:
                     del self.loaded[buf]
         self.instrs.append(visa.Instr(op, dst, tuple(srcs), tuple(sorted(attrs.items()))))
+        self.origins.append(self.current)
 
     def view(self, nid: int, origin, extent) -> View | None:
         """The DRAM view of a box of node ``nid`` (None for an immediate)."""
@@ -122,9 +126,11 @@ class _Emitter:
             vals: dict[int, Tile | Imm] = {}
             if g.producer is not None:
                 p = g.producer
+                self.current = p.id
                 vals[p.id] = _PRODUCE[p.op](self, p, origin, extent, box)
                 self.store(p.id, vals[p.id], origin, extent)
             for m in g.members:
+                self.current = m.id
                 if GRAPH_OPS[m.op].kind == "reduce":
                     out = self.reduce_step(g, m, axes, vals, (origin, extent, box), first, last)
                     if out is not None:

@@ -66,8 +66,13 @@ def _run(spec: dict) -> None:
 
     add_project_root(spec["root"])
     module = importlib.import_module(spec["module"])
+    raw_options = spec["options"]
+    if "tuning" in spec:
+        from kiln.tune.apply import tuned_options
+
+        raw_options = tuned_options(spec["tuning"], spec["stage"], raw_options)
     try:
-        options = build_options(module.Options, spec["options"], spec["stage"])
+        options = build_options(module.Options, raw_options, spec["stage"])
     except KilnError as err:
         raise OptionsError(err) from None
     machine = spec["machine"]
@@ -84,7 +89,12 @@ def _run(spec: dict) -> None:
         )
     else:
         ir_in = importlib.import_module(spec["input_module"]).read(Path(spec["input"]))
-    ir_out = module.run(ir_in, options, machine)
+    # a stage may also write side artifacts (source maps for the report) next to
+    # its artifact; they are no task target, so they never decide what reruns
+    if hasattr(module, "run_with_side_artifacts"):
+        ir_out, side = module.run_with_side_artifacts(ir_in, options, machine)
+    else:
+        ir_out, side = module.run(ir_in, options, machine), {}
     if "build" in spec and hasattr(ir_out, "with_metadata"):
         ir_out = ir_out.with_metadata(_build_metadata(spec["build"]))
     module.verify(ir_out, machine)
@@ -97,6 +107,8 @@ def _run(spec: dict) -> None:
         "wrote" if changed else "unchanged (early cutoff)",
         artifact,
     )
+    for name, data in side.items():
+        write_bytes_atomic(artifact.parent / name, data)
     for kind, path in spec["dumps"]:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         module.DUMPS[kind](ir_out, Path(path), machine)

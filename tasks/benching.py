@@ -106,5 +106,9 @@ def run_bench(project, args) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the table/CSV/JSON
         build(project, instances)
     rows = bench_rows(project, instances, args.target, args.iter, args.warmup, args.device)
+    from kiln.tasks.results import save_bench_row
+
+    for inst, row in zip(instances, rows, strict=True):
+        save_bench_row(inst.out_dir, row)  # the last numbers, for `kiln view`
     print(render(rows, args.output_format), end="")
     return 0

@@ -45,11 +45,20 @@ def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | N
     extra["stage"] = spec["stage"]
     return action_key(
         inputs=inputs,
-        options=spec["options"],
+        options=resolved_options(spec),
         machine=spec["machine"],
         code=stage_module_info(spec["module"])[0],
         extra=extra,
     )
+
+
+def resolved_options(spec: dict) -> dict:
+    """The options the stage will run with: pipeline.yaml's, plus a matching tuning record."""
+    if "tuning" not in spec:
+        return spec["options"]
+    from kiln.tune.apply import tuned_options
+
+    return tuned_options(spec["tuning"], spec["stage"], spec["options"])
 
 
 def fetch_or_run(spec: dict, run) -> str:

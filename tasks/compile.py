@@ -9,12 +9,16 @@ is a stamp file among its file_deps (see tasks/digest.py).
 
 from __future__ import annotations
 
+import os
+
 from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
 from kiln.tasks.executor import resolve_executor
 from kiln.tasks.project import KernelInstance, Project
+from kiln.tasks.tuning_key import TuningKeys
 
 import kiln
 from kiln.cache.config import resolve_cache_config
+from kiln.tune.apply import TUNED_STAGES
 
 # dump kind -> (stage name that owns it, path inside the instance's out dir)
 DUMP_FILES = {
@@ -69,6 +73,8 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     stamps = ConfigStamps(project.state_dir / "config")
     cache = resolve_cache_config(pipeline.cache_settings).to_dict()
     executor = resolve_executor(pipeline.executor, project.root)
+    tuning_file = str(project.root / pipeline.tuning_file)
+    tuning_keys = TuningKeys(project) if os.path.isfile(tuning_file) else None
     for inst in instances if instances is not None else project.instances:
         sources = project.discovery.source_files(inst.source.module)
         dumps = instance_dumps(project, inst) if pipeline.dumps else {}
@@ -82,6 +88,10 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
         previous: str | None = None
         previous_module: str | None = None
         chain: list[dict] = []
+        tuning = None
+        if tuning_keys is not None:
+            graph = f"{out_dir}/{first_artifact}"
+            tuning = {"file": tuning_file, "graph": graph, "key": tuning_keys.parts(inst)}
         for index, stage, artifact_file, base_parts in stages:
             memo_key = (own, stage.name)
             if memo_key not in options_memo:
@@ -135,6 +145,9 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
             chain.append(spec)
             if executor is not None:
                 spec["chain"] = chain  # the stages from this one on run as one remote task
+            if tuning is not None and stage.name in TUNED_STAGES:
+                spec["tuning"] = tuning  # looked up in the action: see kiln/tune/apply.py
+                file_dep.append(tuning_file)
             yield {
                 "basename": "compile",
                 "name": f"{inst.name}.{stage.name}",

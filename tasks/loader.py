@@ -29,7 +29,7 @@ def doit_config(project: Project) -> dict:
         "dep_file": str(project.state_dir / "doit.sqlite3"),
         "backend": "sqlite3",
         "check_file_uptodate": "md5" if check == "md5" else "timestamp",
-        "reporter": _reporter_class(),
+        "reporter": _reporter_class(project),
         "default_tasks": ["compile"],
         "verbosity": 1,
     }
@@ -69,6 +69,9 @@ def all_task_dicts(project: Project, instances=None):
     except ImportError:
         return
     yield "test", test_tasks(project, instances)
+    from kiln.tasks.viewing import report_tasks
+
+    yield "report", report_tasks(project, instances)
 
 
 class KilnLoader(TaskLoader2):
@@ -117,7 +120,8 @@ def dodo_namespace(start: Path | None = None) -> dict:
     return ns
 
 
-def _reporter_class():
+def _reporter_class(project: Project):
     from kiln.tasks.reporter import KilnReporter
 
-    return KilnReporter
+    # doit hands a reporter only its own options: bind where results are recorded
+    return type("KilnReporter", (KilnReporter,), {"results_dir": project.state_dir})

@@ -16,7 +16,7 @@ import atexit
 import hashlib
 import threading
 
-from kiln.tasks.cached import stage_key
+from kiln.tasks.cached import resolved_options, stage_key
 from kiln.tasks.digest import stage_module_info
 from kiln.tasks.executor import DISTRIBUTED_HINT
 
@@ -81,11 +81,15 @@ def chain_payload(spec: dict) -> tuple[dict, list[dict]]:
     from pathlib import Path
 
     chain = spec["chain"][spec["stage_index"] :]
+    # A tuned stage's options depend on the traced graph, known only once it is built
+    # here: the chain stops before it, and its own action sends the rest.
+    cut = next((i for i, s in enumerate(chain) if i > 0 and "tuning" in s), len(chain))
+    chain = chain[:cut]
     stages = [
         {
             "stage": s["stage"],
             "module": s["module"],
-            "options": s["options"],
+            "options": resolved_options(s),
             "code": stage_module_info(s["module"])[0],
             "build": _without_graph(s.get("build")),
         }

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from pathlib import Path
 
 from kiln.tasks.actions import DIAGNOSTIC_MARK
 
@@ -49,6 +51,7 @@ class KilnReporter:
     """doit reporter interface (see doit.reporter.ConsoleReporter)."""
 
     desc = "kiln progress reporter"
+    results_dir: Path | None = None  # the project's .kiln (set by tasks/loader.py)
 
     def __init__(self, outstream, options):
         self.out = outstream
@@ -61,6 +64,10 @@ class KilnReporter:
         self.cache_counts = {"hit": 0, "fetched": 0, "compiled": 0}
         self.progress = None
         self.bar = None
+        # the build profile and failures `kiln view` shows (see tasks/results.py)
+        self.state_dir = self.results_dir
+        self.started: dict[str, float] = {}
+        self.records: list[dict] = []
 
     # -- doit hooks -------------------------------------------------------
     def initialize(self, tasks, selected_tasks):
@@ -91,6 +98,7 @@ class KilnReporter:
     def execute_task(self, task):
         if task.subtask_of is None and task.has_subtask:
             return
+        self.started[task.name] = time.time()
         if self.live:
             self.progress.update(self.bar, description=_describe(task.name))
         elif self.format == "human" and task.actions:
@@ -100,6 +108,7 @@ class KilnReporter:
         self.failures.append((task.name, fail))
         self._advance()
         diag = diagnostic_from_failure(fail)
+        self._record(task, "failed", diag or {"kind": "error", "message": fail.get_msg().strip()})
         if self.format == "json":
             if diag is None:
                 diag = {"kind": "error", "message": fail.get_msg().strip()}
@@ -116,11 +125,13 @@ class KilnReporter:
             if how in self.cache_counts:
                 self.cache_counts[how] += 1
             self._advance()
+            self._record(task, "ran")
 
     def skip_uptodate(self, task):
         if task.actions:
             self.uptodate += 1
             self._advance()
+            self._record(task, "up-to-date")
 
     def skip_ignore(self, task):
         self._advance()
@@ -135,6 +146,7 @@ class KilnReporter:
         pass
 
     def complete_run(self):
+        self._save_results()
         if self.progress is not None:
             self.progress.update(self.bar, description="done")
             self.progress.stop()
@@ -168,6 +180,40 @@ class KilnReporter:
         )
 
     # -- helpers ----------------------------------------------------------
+    def _record(self, task, outcome: str, diagnostic: dict | None = None) -> None:
+        end = time.time()
+        record = {
+            "task": task.name,
+            "start": self.started.pop(task.name, end),
+            "end": end,
+            "outcome": outcome,
+        }
+        if diagnostic is not None:
+            record["diagnostic"] = diagnostic
+        self.records.append(record)
+
+    def _save_results(self) -> None:
+        """The build profile and the failed instances, for `kiln view` and `--profile`."""
+        if self.state_dir is None or not self.records:
+            return
+        from kiln.tasks.results import save_profile, task_instance, update_failures
+
+        assign_workers(self.records)
+        failed, succeeded = {}, set()
+        for r in self.records:
+            owner = task_instance(r["task"])
+            if r["outcome"] == "failed" and owner is not None:
+                failed[owner[0]] = {"task": r["task"], "diagnostic": r.get("diagnostic")}
+            elif r["outcome"] != "failed":
+                succeeded.add(r["task"])
+        try:
+            # a run of other tasks alone (`doit report`) keeps the last build's profile
+            if any(task_instance(r["task"]) for r in self.records):
+                save_profile(self.state_dir, self.records)
+            update_failures(self.state_dir, failed, succeeded)
+        except OSError as exc:  # the build itself is done: say so, do not fail it
+            self._err(f"kiln: could not record the build profile: {exc}\n")
+
     def _advance(self):
         if self.progress is not None:
             self.progress.advance(self.bar)
@@ -185,6 +231,18 @@ class KilnReporter:
         else:
             self.err.write(text)
             self.err.flush()
+
+
+def assign_workers(records: list[dict]) -> None:
+    """Give each record the lowest worker lane free at its start (doit does not say which
+    process ran a task; overlapping tasks ran on different ones)."""
+    free_at: list[float] = []
+    for r in sorted(records, key=lambda r: (r["start"], r["task"])):
+        lane = next((i for i, t in enumerate(free_at) if t <= r["start"]), len(free_at))
+        if lane == len(free_at):
+            free_at.append(0.0)
+        free_at[lane] = r["end"]
+        r["worker"] = lane
 
 
 def _describe(name: str) -> str:

@@ -111,6 +111,7 @@ def format_report(r: dict) -> str:
 
 
 def run_tests(project: Project, args) -> int:
+    from kiln.tasks.results import save_test_report
     from kiln.tasks.running import build
 
     from kiln.commands import _select
@@ -128,6 +129,7 @@ def run_tests(project: Project, args) -> int:
         for report in check_instance(project, inst, targets, args.seed):
             print(format_report(report), flush=True)
             reports.append(report)
+            save_test_report(inst.out_dir, report)  # the last result, for `kiln view`
     counts = {
         s: sum(r["status"] == s for r in reports) for s in ("pass", "fail", "error", "skipped")
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -51,12 +52,23 @@ def _spec(item: Any) -> TensorSpec:
 class Builder:
     """The graph under construction while one kernel is traced."""
 
-    def __init__(self) -> None:
+    def __init__(self, source_file: str | None = None) -> None:
         self.records: list[tuple[str, tuple[int, ...], tuple, TensorType]] = []
+        # record -> line in ``source_file`` that created it (kept out of the graph:
+        # a comment edit must not change graph.json; see stages/trace.py)
+        self.source_file = source_file
+        self.lines: dict[int, int] = {}
 
     def add(self, op: str, inputs: tuple[int, ...], attrs: tuple, type_: TensorType) -> int:
         self.records.append((op, inputs, attrs, type_))
-        return len(self.records) - 1
+        index = len(self.records) - 1
+        if self.source_file is not None:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename != self.source_file:
+                frame = frame.f_back
+            if frame is not None:
+                self.lines[index] = frame.f_lineno
+        return index
 
     def nodes(self, keep: list[int]) -> tuple[tuple[Node, ...], dict[int, int]]:
         """Nodes reachable from ``keep`` (plus every ``arg``), renumbered in order."""

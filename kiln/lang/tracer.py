@@ -2,8 +2,9 @@
 
 The result depends only on the kernel's code, the bindings and the dtypes:
 node ids are creation order (dead nodes dropped), attributes are sorted,
-and no source positions are recorded, so a comment edit leaves
-``graph.to_json()`` byte-identical.
+and no source positions are recorded in the graph, so a comment edit leaves
+``graph.to_json()`` byte-identical (``trace_with_lines`` returns the
+positions beside it, for the trace stage's side artifact).
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ DEFAULT_KEYS = ("*", "default")
 def trace(
     fn: DeviceFunction, bindings: Mapping[str, int], dtypes: Mapping[str, str] | str = "f32"
 ) -> Graph:
+    """The graph of ``fn``; see :func:`trace_with_lines`."""
+    return trace_with_lines(fn, bindings, dtypes, record_lines=False)[0]
+
+
+def trace_with_lines(
+    fn: DeviceFunction,
+    bindings: Mapping[str, int],
+    dtypes: Mapping[str, str] | str = "f32",
+    record_lines: bool = True,
+) -> tuple[Graph, dict[int, int]]:
     """The graph of ``fn`` with its symbolic dims bound to sizes and its arguments typed.
 
     ``dtypes`` is one dtype for every argument, or a map from argument name
@@ -38,7 +49,9 @@ def trace(
     sizes = _check_bindings(bindings)
     types = _arg_dtypes(fn, [name for name, _ in params], dtypes)
 
-    builder = Builder()
+    code = getattr(fn.fn, "__code__", None)
+    source_file = code.co_filename if record_lines and code is not None else None
+    builder = Builder(source_file)
     positional: list[Tensor] = []
     keyword: dict[str, Tensor] = {}
     for index, (name, dims) in enumerate(params):
@@ -73,7 +86,9 @@ def trace(
         raise VerifyError(
             f"stage 'trace' built an invalid graph for {fn.__name__!r}: {exc}"
         ) from exc
-    return graph
+    # node id -> line of the kernel's file that created it (the report's source map)
+    lines = {new_id[i]: line for i, line in builder.lines.items() if i in new_id}
+    return graph, lines
 
 
 def _check_bindings(bindings: Mapping[str, int]) -> dict[str, int]:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from kiln.pipeline.yamlpos import SourceMap
 
 DEFAULT_OUT_DIR = "build/kiln/kernel"
+DEFAULT_TUNING_FILE = "tuning.jsonl"
 OUT_DIR_ENV = "KILN_OUT_DIR"
 
 Options = tuple[tuple[str, Any], ...]
@@ -101,6 +102,7 @@ class Pipeline:
     project: str
     out_dir: str = DEFAULT_OUT_DIR
     cache_check: Literal["timestamp", "md5"] = "timestamp"
+    tuning_file: str = DEFAULT_TUNING_FILE  # `kiln tune` records, relative to root
     packages: tuple[str, ...] = ()
     machine: str | None = None
     kernels: tuple[KernelSpec, ...] = ()
@@ -142,6 +144,7 @@ class Pipeline:
             project=data["project"],
             out_dir=get("out_dir", DEFAULT_OUT_DIR),
             cache_check=(get("cache") or {}).get("check", "timestamp"),
+            tuning_file=(get("tuning") or {}).get("file", DEFAULT_TUNING_FILE),
             packages=tuple(data["packages"]),
             machine=get("machine"),
             kernels=tuple(_kernel(name, spec) for name, spec in data["kernels"].items()),

@@ -1,0 +1,114 @@
+"""`kiln view` and `kiln graph`: their arguments and what they do."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kiln.errors import KilnError
+
+
+def add_parsers(sub) -> None:
+    """The ``view`` and ``graph`` subcommands, added to kiln's subparsers."""
+    v = sub.add_parser("view", help="write one self-contained HTML report of the build")
+    v.add_argument("filters", nargs="*", metavar="FILTER")
+    v.add_argument("--shapes", metavar="NAME", help="only this shape set")
+    v.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="default <out_dir>/report.html"
+    )
+    v.add_argument("--open", action="store_true", help="open the report in a web browser")
+    v.add_argument(
+        "--compare", type=Path, metavar="OTHER_OUT_DIR", help="diff against another build"
+    )
+
+    g = sub.add_parser("graph", help="print the task DAG of the selection")
+    g.add_argument("filters", nargs="*", metavar="FILTER")
+    g.add_argument("--shapes", metavar="NAME", help="only this shape set")
+    g.add_argument("--format", choices=["dot", "json", "mermaid"], default="dot")
+    g.add_argument(
+        "--why", action="store_true", help="mark what `kiln status` would rerun, and why"
+    )
+
+
+def selection(project, filters: list[str], shapes: str | None):
+    chosen = project.select(filters or None, None, shapes)
+    if not chosen:
+        raise KilnError(
+            "no kernel instance matches "
+            + " ".join(repr(f) for f in filters or ["(all)"])
+            + (f" with shape set {shapes!r}" if shapes else ""),
+            expected="a substring of a kernel path (package.module.function) or instance name",
+            found=" ".join(filters) or "(no filter)",
+            notes=["instances: " + ", ".join(i.name for i in project.instances)],
+        )
+    return chosen
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from kiln.tasks.project import Project
+    from kiln.tasks.taskgraph import render, task_graph
+
+    project = Project.find()
+    g = task_graph(project, selection(project, args.filters, args.shapes), why=args.why)
+    sys.stdout.write(render(g, args.format))
+    return 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from kiln.report.page import write_report
+    from kiln.tasks.project import Project
+
+    project = Project.find()
+    instances = selection(project, args.filters, args.shapes)
+    out = args.output or Path(project.out_dir) / "report.html"
+    diff = None
+    if args.compare is not None:
+        from kiln.report.compare import compare, format_compare
+
+        if not args.compare.is_dir():
+            raise KilnError(
+                f"--compare: {args.compare} is not a directory",
+                expected="the out dir of another build (holding <kernel>/<shapes>/kernel.sched)",
+                found=str(args.compare),
+            )
+        diff = compare(Path(project.out_dir), args.compare, _selected_names(args, instances))
+        sys.stdout.write(format_compare(diff))
+    size = write_report(project, instances, out, diff)
+    print(f"kiln: wrote {out} ({len(instances)} kernel instances, {size // 1024} KiB)")
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(out.resolve().as_uri())
+    return 0
+
+
+def _selected_names(args, instances):
+    """Which instance names a compare covers: the selection, and (for instances the
+    other build has and this pipeline lacks) names matching the same filters."""
+    if not args.filters and not args.shapes:
+        return None
+    names = {inst.name for inst in instances}
+
+    def keep(name: str) -> bool:
+        if name in names:
+            return True
+        shapes = name.rpartition(".")[2]
+        if args.shapes and shapes != args.shapes:
+            return False
+        return not args.filters or any(f in name for f in args.filters)
+
+    return keep
+
+
+def write_profile(project, path: Path) -> None:
+    """`kiln compile --profile FILE`: the last build's tasks as Chrome-trace JSON."""
+    import json
+
+    from kiln.fsutil import write_bytes_atomic
+    from kiln.tasks.results import chrome_trace, read_profile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    trace = chrome_trace(read_profile(project.state_dir))
+    write_bytes_atomic(path, json.dumps(trace, indent=1, sort_keys=True).encode())
+    print(f"kiln: wrote the build profile to {path} (open it in Perfetto)")

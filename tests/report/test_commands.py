@@ -1,0 +1,143 @@
+"""`kiln view`, `kiln view --compare`, `kiln graph`, `kiln compile --profile`, end to end."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import zlib
+from pathlib import Path
+
+from tests.conftest import run_kiln
+
+
+def _details(page: str) -> dict[str, dict]:
+    """instance name -> its embedded detail, decoded as the page does."""
+    out = {}
+    for blob in re.findall(r'class="kiln-detail" data-section="[^"]+">([^<]+)<', page):
+        detail = json.loads(zlib.decompress(base64.b64decode(blob)))
+        out[detail["name"]] = detail
+    return out
+
+
+def test_report_is_self_contained_and_shows_every_instance(report: Path):
+    page = report.read_text()
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")
+    assert "https://" not in page and "<link" not in page and " src=" not in page
+    details = _details(page)
+    assert set(details) == {
+        "broken.small",
+        "vector_add.small",
+        "softmax.small",
+        "gemm.small",
+        "gemm.wide",
+    }
+    assert "4 built, 1 failed, 0 not built" in page
+    broken = details["broken.small"]
+    assert broken["failed_task"] == "compile:broken.small.trace"
+    assert "matmul" in broken["diagnostic"]["message"] and broken["diagnostic"]["line"] == 6
+
+
+def test_instance_detail_maps_instructions_to_source_lines(report: Path):
+    d = _details(report.read_text())["softmax.small"]
+    s = d["schedule"]
+    n = d["summary"]["instructions"]["total"]
+    assert len(s["start"]) == len(s["node"]) == n
+    assert s["makespan"] == d["summary"]["makespan_cycles"]
+    src = d["source"]
+    assert src["lines"][1].startswith("def softmax(")
+    exp_line = src["first_line"] + next(i for i, t in enumerate(src["lines"]) if ".exp()" in t)
+    exp_nodes = {int(k) for k, v in src["node_lines"].items() if v == exp_line}
+    exp_instrs = [i for i, node in enumerate(s["node"]) if node in exp_nodes]
+    assert exp_instrs and all(s["text"][i].startswith("exp ") for i in exp_instrs)
+    visa = d["visa"]
+    assert visa["lines"][visa["first_instr_line"] + exp_instrs[0]] == s["text"][exp_instrs[0]]
+    assert any(f.endswith("softmax/small/graph.srcmap.json") for f in d["dumps"])
+
+
+def test_index_shows_recorded_test_and_bench_results(report: Path):
+    page = report.read_text()
+    row = re.search(r'<tr><td class="name"><a href="#[^"]+">softmax.small</a>.*?</tr>', page).group(
+        0
+    )
+    assert "sim: pass" in row and "cycles" in row
+
+
+def test_comment_edit_rewrites_the_source_map_but_not_the_graph(built: Path):
+    out = built / "build" / "kiln" / "kernel" / "softmax" / "small"
+    graph_before = (out / "graph.json").read_bytes()
+    srcmap_before = json.loads((out / "graph.srcmap.json").read_text())
+    source = built / "kernels" / "normalization.py"
+    text = source.read_text()
+    source.write_text(
+        text.replace("@device\ndef softmax", "@device\n# a new comment\n\ndef softmax", 1)
+    )
+    try:
+        run_kiln(built, "compile", "softmax", check=True)
+        assert (out / "graph.json").read_bytes() == graph_before
+        srcmap = json.loads((out / "graph.srcmap.json").read_text())
+        assert srcmap["first_line"] == srcmap_before["first_line"]
+        shift = {k: v + 2 for k, v in srcmap_before["nodes"].items()}
+        assert srcmap["nodes"] == shift
+    finally:
+        source.write_text(text)
+        run_kiln(built, "compile", "softmax", check=True)
+
+
+def test_compare_reports_changes_additions_and_removals(built: Path, tmp_path: Path):
+    out_dir = built / "build" / "kiln" / "kernel"
+    other = tmp_path / "before"
+    shutil.copytree(out_dir, other)
+    shutil.rmtree(other / "gemm" / "wide")
+    shutil.copytree(other / "gemm" / "small", other / "gemm" / "gone")
+    (other / "softmax" / "small" / "kernel.sched").write_bytes(
+        (out_dir / "gemm" / "small" / "kernel.sched").read_bytes()
+    )
+    (other / "softmax" / "small" / "kernel.edf").write_bytes(b"old bytes")
+    proc = run_kiln(
+        built, "view", "--compare", str(other), "-o", str(tmp_path / "c.html"), check=True
+    )
+    assert "added: gemm.wide" in proc.stdout and "removed: gemm.gone" in proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("softmax.small"))
+    assert line.split()[-1] == "changed" and "%" in line
+    assert "gemm.small" in proc.stdout and "1 with changed bytes" in proc.stdout
+    assert 'id="compare-table"' in (tmp_path / "c.html").read_text()
+    # with filters, only the selection (and what the other build has under them) is compared
+    only = run_kiln(built, "view", "gemm", "--compare", str(other), "-o", str(tmp_path / "d.html"))
+    assert "softmax" not in only.stdout and "removed: gemm.gone" in only.stdout
+
+
+def test_compare_with_a_missing_dir_is_a_clear_error(built: Path, tmp_path: Path):
+    proc = run_kiln(built, "view", "--compare", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and "is not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_graph_formats_and_why(built: Path):
+    proc = run_kiln(built, "graph", "gemm.small", "--format", "json", "--why", check=True)
+    doc = json.loads(proc.stdout)
+    names = {n["name"] for n in doc["nodes"]}
+    assert "compile:gemm.small.trace" in names and "test:gemm.small@sim" in names
+    assert ["compile:gemm.small.trace", "compile:gemm.small.visa"] in doc["edges"]
+    assert ["compile:gemm.small.edf", "test:gemm.small@sim"] in doc["edges"]
+    trace = next(n for n in doc["nodes"] if n["name"] == "compile:gemm.small.trace")
+    assert trace["would_run"] is False and trace["reasons"] == []
+    dot = run_kiln(built, "graph", "gemm.small", check=True).stdout
+    assert dot.startswith("digraph kiln {")
+    assert '"compile:gemm.small.lir" -> "compile:gemm.small.schedule";' in dot
+    mermaid = run_kiln(built, "graph", "broken", "--format", "mermaid", "--why", check=True).stdout
+    assert mermaid.startswith("graph LR") and "class t0" in mermaid  # broken's trace reruns
+    assert "never built" in mermaid or "would" in mermaid or "changed" in mermaid
+
+
+def test_graph_with_no_match_is_a_usage_error(built: Path):
+    proc = run_kiln(built, "graph", "no_such_kernel")
+    assert proc.returncode == 2 and "no kernel instance matches" in proc.stderr
+
+
+def test_compile_profile_is_a_chrome_trace(built: Path):
+    trace = json.loads((built / "profile.json").read_text())
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["name"] for e in events} >= {"compile:softmax.small.trace", "compile:gemm.wide.edf"}
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events)

@@ -1,0 +1,42 @@
+"""Writing the page (kiln/report/page.py): statuses from the task graph, critical path."""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from kiln.report.page import build_critical_path, mark_out_of_date
+
+
+def _graph():
+    g = nx.DiGraph()
+    for inst in ("a.s", "b.s"):
+        for stage in ("trace", "visa"):
+            stale = inst == "b.s" and stage == "visa"
+            reasons = ["file changed: k.py"] if stale else []
+            g.add_node(
+                f"compile:{inst}.{stage}",
+                kind="compile",
+                instance=inst,
+                stage=stage,
+                reasons=reasons,
+            )
+        g.add_edge(f"compile:{inst}.trace", f"compile:{inst}.visa")
+    return g
+
+
+def test_a_built_instance_that_would_rerun_is_out_of_date():
+    entries = [{"row": {"name": n, "status": s}} for n, s in
+               (("a.s", "built"), ("b.s", "built"), ("c.s", "failed"))]  # fmt: skip
+    mark_out_of_date(entries, _graph())
+    assert [e["row"]["status"] for e in entries] == ["built", "out of date", "failed"]
+
+
+def test_build_critical_path_is_the_longest_chain_of_recorded_tasks():
+    records = [
+        {"task": "compile:a.s.trace", "start": 0.0, "end": 1.0},
+        {"task": "compile:a.s.visa", "start": 1.0, "end": 1.5},
+        {"task": "compile:b.s.trace", "start": 0.0, "end": 0.2},
+        {"task": "compile:b.s.visa", "start": 0.2, "end": 3.0},
+    ]
+    assert build_critical_path(_graph(), records) == ["compile:b.s.trace", "compile:b.s.visa"]
+    assert build_critical_path(_graph(), []) == []
