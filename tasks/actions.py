@@ -60,7 +60,7 @@ def run_stage(spec: dict):
     return {"cache": how}
 
 
-def _run(spec: dict) -> None:
+def _run(spec: dict) -> list[str]:
     from kiln.fsutil import write_bytes_atomic
     from kiln.options import build_options
 
@@ -112,6 +112,7 @@ def _run(spec: dict) -> None:
     for kind, path in spec["dumps"]:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         module.DUMPS[kind](ir_out, Path(path), machine)
+    return list(side)  # the side artifacts' names: the cache stores them with the artifact
 
 
 def _build_metadata(build: dict) -> dict:

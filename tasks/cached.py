@@ -20,6 +20,8 @@ from kiln.fsutil import write_bytes_atomic
 from kiln.logconfig import get_logger
 
 log = get_logger("cache")
+SIDE = "side/"  # output names of side artifacts (source maps), next to the artifact
+ROOT_PLACEHOLDER = b"<kiln-project-root>"
 
 
 def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | None = None) -> str:
@@ -77,15 +79,36 @@ def fetch_or_run(spec: dict, run) -> str:
         run_chain_remotely(spec, session)
         outputs, how = session.lookup(key)
     if outputs is not None:
-        write_bytes_atomic(artifact, outputs["artifact"])
+        write_outputs(artifact, outputs, spec["root"])
         log.info("%s %s: %s from cache %s", spec["instance"], spec["stage"], how, artifact)
         return how
-    run(spec)
+    side = run(spec) or []
     try:
-        session.store(key, {"artifact": artifact.read_bytes()})
+        found = {"artifact": artifact.read_bytes()}
+        for name in side:
+            found[SIDE + name] = portable((artifact.parent / name).read_bytes(), spec["root"])
+        session.store(key, found)
     except OSError as exc:  # a full or read-only cache disk costs speed, not the build
         log.warning("could not store %s in the cache: %s", artifact, exc)
     return COMPILED
+
+
+def portable(data: bytes, root: str) -> bytes:
+    """A side artifact (a source map) with the project's root path as a placeholder.
+
+    Side artifacts may name the kernel's file; the placeholder lets a clone
+    in another directory (or a Dask worker's scratch copy) share them.
+    """
+    return data.replace(str(root).encode(), ROOT_PLACEHOLDER)
+
+
+def write_outputs(artifact: Path, outputs: dict[str, bytes], root: str) -> None:
+    """Write a stage's artifact and its side artifacts from cached outputs, atomically."""
+    write_bytes_atomic(artifact, outputs["artifact"])
+    for name, data in outputs.items():
+        if name.startswith(SIDE):
+            local = data.replace(ROOT_PLACEHOLDER, str(root).encode())
+            write_bytes_atomic(artifact.parent / name[len(SIDE) :], local)
 
 
 def _rel(path: str, root: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def run_chain(payload: dict) -> dict:
-    """{"outputs": [bytes per stage]} up to the first failure, or {"refused": reason}."""
+    """{"outputs": [outputs per stage]} up to the first failure, or {"refused": reason}."""
     from kiln.tasks.digest import stage_module_info
 
     for stage in payload["stages"]:
@@ -34,7 +34,9 @@ def run_chain(payload: dict) -> dict:
                 _forget(payload["sources"], work / "src")
 
 
-def _run_stages(payload: dict, work: Path) -> list[bytes]:
+def _run_stages(payload: dict, work: Path) -> list[dict[str, bytes]]:
+    from kiln.tasks.cached import SIDE, portable
+
     from kiln.options import build_options
 
     machine = payload["machine"]
@@ -61,7 +63,10 @@ def _run_stages(payload: dict, work: Path) -> list[bytes]:
                 path = work / f"input-{index}"
                 path.write_bytes(data)
                 ir_in = importlib.import_module(previous_module).read(path)
-            ir_out = module.run(ir_in, options, machine)
+            if hasattr(module, "run_with_side_artifacts"):
+                ir_out, side = module.run_with_side_artifacts(ir_in, options, machine)
+            else:
+                ir_out, side = module.run(ir_in, options, machine), {}
             if stage["build"] is not None and hasattr(ir_out, "with_metadata"):
                 build = stage["build"]
                 ir_out = ir_out.with_metadata(
@@ -80,7 +85,10 @@ def _run_stages(payload: dict, work: Path) -> list[bytes]:
             break
         if index == 0 and "trace" in payload:
             graph_sha = hashlib.sha256(data).hexdigest()
-        outputs.append(data)
+        found = {"artifact": data}
+        for name, side_data in side.items():
+            found[SIDE + name] = portable(side_data, str(work / "src"))
+        outputs.append(found)
         previous_module = stage["module"]
     return outputs
 

@@ -129,13 +129,13 @@ def run_chain_remotely(spec: dict, session) -> None:
     outputs = result["outputs"]
     graph_digest = payload.get("graph_sha256")
     if "trace" in spec and outputs:
-        graph_digest = sha256(outputs[0])
+        graph_digest = sha256(outputs[0]["artifact"])
     input_digest = None
-    for stage_spec, data in zip(chain, outputs, strict=False):
+    for stage_spec, found in zip(chain, outputs, strict=False):
         key = stage_key(stage_spec, input_digest=input_digest, graph_digest=graph_digest)
-        session.store(key, {"artifact": data})
+        session.store(key, found)
         session.produced.add(key)
-        input_digest = sha256(data)
+        input_digest = sha256(found["artifact"])
 
 
 def kiln_code_digest(modules: list[str]) -> str:

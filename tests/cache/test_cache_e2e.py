@@ -19,10 +19,15 @@ INSTANCES = 4  # vector_add, softmax, gemm.small, gemm.wide
 TASKS = INSTANCES * 5
 
 
+def portable(data: bytes, project: Path) -> bytes:
+    return data.replace(str(project.resolve()).encode(), b"<root>")
+
+
 def artifacts(project: Path) -> dict[str, bytes]:
+    """Every file under build/, the project's own path (source maps name it) as <root>."""
     base = project / "build"
     files = sorted(p for p in base.rglob("*") if p.is_file())
-    return {str(p.relative_to(base)): p.read_bytes() for p in files}
+    return {str(p.relative_to(base)): portable(p.read_bytes(), project) for p in files}
 
 
 def clone(project: Path, name: str) -> Path:

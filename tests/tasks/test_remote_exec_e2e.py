@@ -75,9 +75,14 @@ def make_project(base: Path, name: str) -> Path:
     return project
 
 
+def portable(data: bytes, project: Path) -> bytes:
+    return data.replace(str(project.resolve()).encode(), b"<root>")
+
+
 def artifacts(project: Path) -> dict[str, bytes]:
+    """Every file under build/, the project's own path (source maps name it) as <root>."""
     files = sorted(p for p in (project / "build").rglob("*") if p.is_file())
-    return {str(p.relative_to(project)): p.read_bytes() for p in files}
+    return {str(p.relative_to(project)): portable(p.read_bytes(), project) for p in files}
 
 
 LOG = {"KILN_LOG_INFO": "1", "KILN_LOG_FILE": "stderr"}
