@@ -9,7 +9,6 @@ the key, and never used.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import secrets
 import sys
@@ -77,22 +76,36 @@ class RemoteStore:
         self.warned_keys: set[str] = set()
         self.fetched_bytes = 0
         self.uploaded_bytes = 0
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kc")
         self._lock = threading.Lock()
 
     def _call(self, what: str, fn, *args):
-        """fn(*args) within the deadline; on any failure trip the breaker and return None."""
+        """fn(*args) within the deadline; on any failure trip the breaker and return None.
+
+        The call runs on a daemon thread: a backend stuck past the deadline
+        (a dead NFS server) is abandoned and cannot hold up the exit.
+        """
         if self.broken:
             return None
-        future = self._pool.submit(fn, *args)
-        try:
-            return future.result(timeout=self.timeout)
-        except FileNotFoundError:
-            return None
-        except concurrent.futures.TimeoutError:
+        outcome: dict = {}
+
+        def target():
+            try:
+                outcome["value"] = fn(*args)
+            except BaseException as exc:  # handed to the caller below
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=target, name="kiln-remote-cache", daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():
             self._trip(f"no answer within {self.timeout:g} s while {what}")
-        except Exception as exc:  # any backend error: the build goes on locally
-            self._trip(f"{type(exc).__name__} while {what}: {exc}")
+            return None
+        error = outcome.get("error")
+        if error is None:
+            return outcome.get("value")
+        if isinstance(error, FileNotFoundError):
+            return None
+        self._trip(f"{type(error).__name__} while {what}: {error}")
         return None
 
     def _trip(self, reason: str) -> None:
@@ -168,7 +181,7 @@ class RemoteStore:
         return True
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release: calls run on their own daemon threads."""
 
 
 def key_is_valid_blob(fs, path: str) -> bool:
