@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import multiprocessing
 import threading
 
 from kiln.tasks.cached import resolved_options, stage_key
@@ -39,6 +40,10 @@ def dask_client(executor: dict):
         except ImportError:
             raise KilnError("the dask executor needs distributed", hint=DISTRIBUTED_HINT) from None
         address = executor.get("address")
+        if not address and multiprocessing.parent_process() is not None:
+            # inside a worker process of doit's process runner (`doit -n N`): one
+            # LocalCluster per process would oversubscribe the machine; run locally
+            return None
         try:
             if address:
                 client = Client(address, timeout=30)
@@ -117,6 +122,8 @@ def run_chain_remotely(spec: dict, session) -> None:
     """Run the chain from ``spec`` on Dask and store every stage's output in ``session``."""
     payload, chain = chain_payload(spec)
     client = dask_client(spec["executor"])
+    if client is None:
+        return
     from kiln.tasks.chain_worker import run_chain
 
     future = client.submit(run_chain, payload, pure=False, retries=1)
