@@ -24,14 +24,16 @@ def compile_instances(project: Project, instances: list[KernelInstance], jobs: i
     last = project.pipeline.stages[-1].name
     names = [f"compile:{inst.name}.{last}" for inst in instances]
     argv = ["run"] + (["-n", str(jobs)] if jobs > 1 else []) + names
-    if resolve_executor(project.pipeline.executor, project.root) is not None:
+    executor = resolve_executor(project.pipeline.executor, project.root)
+    if executor is not None:
+        from kiln.tasks.remote_exec import close_clients, prestart
+
+        prestart(executor)
         # actions submit to Dask and wait: doit's thread runner gives the parallelism
         argv = ["run", "-P", "thread", "-n", str(max(jobs, 4)), *names]
         try:
             return run_doit(project, argv)
         finally:
-            from kiln.tasks.remote_exec import close_clients
-
             close_clients()
     return run_doit(project, argv)
 

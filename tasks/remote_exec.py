@@ -64,6 +64,18 @@ def dask_client(executor: dict):
         return client
 
 
+def prestart(executor: dict) -> None:
+    """Start the client (and a LocalCluster) while doit loads tasks; errors resurface later."""
+
+    def start():
+        try:
+            dask_client(executor)
+        except Exception:  # the first action that needs the client reports it
+            pass
+
+    threading.Thread(target=start, name="kiln-dask-start", daemon=True).start()
+
+
 def close_clients() -> None:
     """Close every client and the LocalClusters Kiln started; pending futures are cancelled."""
     with _client_lock:
