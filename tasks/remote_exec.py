@@ -26,6 +26,7 @@ from kiln.errors import KilnError
 
 _client_lock = threading.Lock()
 _clients: dict[tuple, object] = {}
+_failed: dict[tuple, KilnError] = {}
 
 
 def dask_client(executor: dict):
@@ -35,6 +36,8 @@ def dask_client(executor: dict):
         client = _clients.get(key)
         if client is not None:
             return client
+        if key in _failed:  # tried once this build (maybe by prestart): say so at once
+            raise _failed[key]
         try:
             from distributed import Client, LocalCluster
         except ImportError:
@@ -46,7 +49,7 @@ def dask_client(executor: dict):
             return None
         try:
             if address:
-                client = Client(address, timeout=30)
+                client = Client(address, timeout=10)
             else:
                 cluster = LocalCluster(
                     n_workers=max(int(executor.get("workers") or 1), 1),
@@ -56,10 +59,11 @@ def dask_client(executor: dict):
                 )
                 client = Client(cluster)
         except OSError as exc:
-            raise KilnError(
+            _failed[key] = KilnError(
                 f"cannot reach the Dask scheduler {address}: {exc}",
                 hint="start one with `dask scheduler`, or drop --scheduler for a local cluster",
-            ) from None
+            )
+            raise _failed[key] from None
         _clients[key] = client
         return client
 
