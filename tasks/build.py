@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import time
 from pathlib import Path
 
 from doit.doit_cmd import DoitMain
@@ -22,6 +24,8 @@ def run_doit(project: Project | None, argv: list[str]) -> int:
 
 def compile_instances(project: Project, instances: list[KernelInstance], jobs: int = 0) -> int:
     last = project.pipeline.stages[-1].name
+    # one id for this build's processes: they share the remote cache's breaker
+    os.environ.setdefault("KILN_BUILD_ID", f"{os.getpid()}-{time.time_ns()}")
     names = [f"compile:{inst.name}.{last}" for inst in instances]
     argv = ["run"] + (["-n", str(jobs)] if jobs > 1 else []) + names
     executor = resolve_executor(project.pipeline.executor, project.root)

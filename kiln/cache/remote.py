@@ -64,11 +64,38 @@ def open_filesystem(url: str, timeout: float):
     return fs, root.rstrip("/"), protocol
 
 
+def shared_breaker(directory: str, url: str) -> str | None:
+    """The marker file that trips the breaker in every process of this build (-n N).
+
+    Named by ``KILN_BUILD_ID``, which the `kiln` command sets for its
+    worker processes; without it each process keeps its own breaker.
+    """
+    build = os.environ.get("KILN_BUILD_ID")
+    if not build or not directory:
+        return None
+    return os.path.join(directory, "breakers", f"{build}-{sha256(url.encode())[:16]}")
+
+
+def claim(path: str) -> bool:
+    """Create ``path`` if nobody has: True for the one process that did."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+
+
 class RemoteStore:
     """Blobs and action entries at an fsspec URL, behind a deadline and a circuit breaker."""
 
-    def __init__(self, url: str, *, upload: bool = True, timeout: float = 10.0):
+    def __init__(
+        self, url: str, *, upload: bool = True, timeout: float = 10.0, breaker_dir: str = ""
+    ):
         self.url = url
+        self.breaker = shared_breaker(breaker_dir, url)
         self.upload = upload
         self.timeout = timeout
         self.fs, self.root, self.protocol = open_filesystem(url, timeout)
@@ -85,6 +112,9 @@ class RemoteStore:
         (a dead NFS server) is abandoned and cannot hold up the exit.
         """
         if self.broken:
+            return None
+        if self.breaker is not None and os.path.exists(self.breaker):
+            self.broken = True  # another process of this build found the remote down
             return None
         outcome: dict = {}
 
@@ -113,6 +143,8 @@ class RemoteStore:
             if self.broken:
                 return
             self.broken = True
+        if self.breaker is not None and not claim(self.breaker):
+            return  # another process of this build has warned already
         warn(
             f"remote cache {self.url} is unavailable ({reason}); "
             "building locally without it for the rest of this build"

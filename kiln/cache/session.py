@@ -26,7 +26,12 @@ class CacheSession:
         if config.remote:
             from kiln.cache.remote import RemoteStore
 
-            self.remote = RemoteStore(config.remote, upload=config.upload, timeout=config.timeout)
+            self.remote = RemoteStore(
+                config.remote,
+                upload=config.upload,
+                timeout=config.timeout,
+                breaker_dir=config.local_dir,
+            )
         # keys whose outputs were built in this build by a remote executor: compiled, not hits
         self.produced: set[str] = set()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,7 @@ class LocalStore:
         Returns (files removed, bytes freed). An action entry whose blob
         is gone is a miss, so removing blobs before entries is safe.
         """
+        shutil.rmtree(self.root / "breakers", ignore_errors=True)  # past builds' markers
         files = [(p, p.stat()) for p in self.files("cas") + self.files("ac")]
         total = sum(st.st_size for _, st in files)
         removed = freed = 0

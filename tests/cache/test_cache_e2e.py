@@ -82,12 +82,13 @@ def test_damaged_remote_blob_is_rebuilt_and_overwritten(warm):
     assert blob.read_bytes() == local_bytes[name]  # uploads on: the bad object was replaced
 
 
-def test_unusable_remote_warns_once_and_builds_locally(warm, tmp_path):
+def test_unusable_remote_warns_once_across_processes_and_builds_locally(warm, tmp_path):
     project, _, local_bytes = warm
     (tmp_path / "not-a-dir").write_text("a file where the cache should be")
     fresh = clone(project, "clone-unreachable")
     env = {"KILN_REMOTE_CACHE": f"file://{tmp_path}/not-a-dir/cache"}
-    proc = run_kiln(fresh, "compile", env=env, check=True)
+    # two worker processes, one warning: they share the build's breaker
+    proc = run_kiln(fresh, "compile", "-n", "2", env=env, check=True)
     assert f"(0 fetched, {TASKS} compiled)" in proc.stdout
     assert proc.stderr.count("warning") == 1 and "unavailable" in proc.stderr
     assert artifacts(fresh) == local_bytes
