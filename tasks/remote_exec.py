@@ -143,7 +143,13 @@ def run_chain_remotely(spec: dict, session) -> None:
     from kiln.tasks.chain_worker import run_chain
 
     future = client.submit(run_chain, payload, pure=False, retries=1)
-    result = future.result()
+    try:
+        result = future.result()
+    except Exception as exc:  # workers lost past Dask's retries, a scheduler gone: build here
+        from kiln.cache.remote import warn
+
+        warn(f"Dask could not build {spec['instance']} ({type(exc).__name__}: {exc}); built here")
+        return
     if "refused" in result:
         raise KilnError(
             f"a Dask worker runs different Kiln code: {result['refused']}",
