@@ -13,11 +13,23 @@ import sys
 from pathlib import Path
 
 from kiln.brokenpipe import guard_stdout
+from kiln.commands_cache import add_cache_parser, add_executor_flags
 from kiln.errors import Abort, KilnError, environment_error
 from kiln.logconfig import setup_logging
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
-OWN_COMMANDS = ("compile", "status", "run", "inspect", "test", "bench", "tune", "view", "graph")
+OWN_COMMANDS = (
+    "compile",
+    "status",
+    "run",
+    "inspect",
+    "test",
+    "bench",
+    "tune",
+    "view",
+    "graph",
+    "cache",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,8 +62,11 @@ def _dispatch(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "message_format", None):
         os.environ["KILN_MESSAGE_FORMAT"] = args.message_format
-    from kiln import commands
+    from kiln import commands, commands_cache
 
+    if args.command == "cache":
+        return commands_cache.cmd_cache(args)
+    commands_cache.apply_executor_flags(args)
     if args.command in ("view", "graph"):
         from kiln.report import commands
     return getattr(commands, f"cmd_{args.command}")(args)
@@ -74,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar = "DIR" if kind == "summary" else "FILE"
         c.add_argument(f"--dump-{kind}", metavar=metavar, type=Path)
     c.add_argument("--message-format", choices=["human", "json"], default="human")
+    add_executor_flags(c)
     c.add_argument("--profile", type=Path, metavar="FILE", help="write the build's Chrome trace")
 
     s = sub.add_parser("status", help="say which tasks would run, and why")
@@ -104,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--device", type=int, default=0)
     b.add_argument("--output-format", choices=["table", "csv", "json"], default="table")
+    add_cache_parser(sub)
 
     u = sub.add_parser(
         "tune",

@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from doit.exceptions import TaskFailed
+from kiln.tasks.cached import fetch_or_run
 from kiln.tasks.importpath import add_project_root
 
 from kiln.errors import KilnError, Location, StageError
@@ -27,9 +28,13 @@ def failure(err: KilnError) -> TaskFailed:
 
 
 def run_stage(spec: dict):
-    """Run one stage of one kernel instance; a failure comes back as TaskFailed."""
+    """Run (or fetch) one stage of one kernel instance; a failure comes back as TaskFailed.
+
+    On success the task's values say where the artifact came from
+    (``{"cache": "hit"|"fetched"|"compiled"}``): the reporter counts them.
+    """
     try:
-        _run(spec)
+        how = fetch_or_run(spec, _run)
     except OptionsError as wrapped:
         err = wrapped.error
         if err.location is None:
@@ -58,10 +63,10 @@ def run_stage(spec: dict):
             notes=[detail] if detail else [],
         )
         return failure(err)
-    return None
+    return {"cache": how}
 
 
-def _run(spec: dict) -> None:
+def _run(spec: dict) -> list[str]:
     from kiln.tasks import manifest
     from kiln.tasks.manifest import real_dir
 
@@ -127,6 +132,7 @@ def _run(spec: dict) -> None:
         [str(artifact), *(p for _, p in spec["dumps"])],
         sides=[str(artifact.parent / name) for name in side],
     )
+    return list(side)  # the side artifacts' names: the cache stores them with the artifact
 
 
 def _build_metadata(build: dict) -> dict:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import os
+import time
 from pathlib import Path
 
 from doit.doit_cmd import DoitMain
 from kiln.tasks.compile import DUMP_FILES, stage_artifact
+from kiln.tasks.executor import resolve_executor
 from kiln.tasks.importpath import add_project_root
 from kiln.tasks.loader import KilnLoader
 from kiln.tasks.project import KernelInstance, Project
@@ -21,8 +24,21 @@ def run_doit(project: Project | None, argv: list[str]) -> int:
 
 def compile_instances(project: Project, instances: list[KernelInstance], jobs: int = 0) -> int:
     last = project.pipeline.stages[-1].name
+    # one id for this build's processes: they share the remote cache's breaker
+    os.environ.setdefault("KILN_BUILD_ID", f"{os.getpid()}-{time.time_ns()}")
     names = [f"compile:{inst.name}.{last}" for inst in instances]
     argv = ["run"] + (["-n", str(jobs)] if jobs > 1 else []) + names
+    executor = resolve_executor(project.pipeline.executor, project.root)
+    if executor is not None:
+        from kiln.tasks.remote_exec import close_clients, prestart
+
+        prestart(executor)
+        # actions submit to Dask and wait: doit's thread runner gives the parallelism
+        argv = ["run", "-P", "thread", "-n", str(max(jobs, 4)), *names]
+        try:
+            return run_doit(project, argv)
+        finally:
+            close_clients()
     return run_doit(project, argv)
 
 

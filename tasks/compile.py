@@ -12,11 +12,13 @@ from __future__ import annotations
 import os
 
 from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
+from kiln.tasks.executor import resolve_executor
 from kiln.tasks.manifest import clean_targets, drop_damaged
 from kiln.tasks.project import KernelInstance, Project
 from kiln.tasks.tuning_key import TuningKeys
 
 import kiln
+from kiln.cache.config import resolve_cache_config
 from kiln.tune.apply import TUNED_STAGES
 
 # dump kind -> (stage name that owns it, path inside the instance's out dir)
@@ -70,6 +72,8 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     first_artifact = stages[0][2]
     options_memo: dict[tuple[str | None, str], tuple[dict, str]] = {}
     stamps = ConfigStamps(project.state_dir / "config")
+    cache = resolve_cache_config(pipeline.cache_settings).to_dict()
+    executor = resolve_executor(pipeline.executor, project.root)
     tuning_file = str(project.root / pipeline.tuning_file)
     tuning_keys = TuningKeys(project) if os.path.isfile(tuning_file) else None
     chosen = list(instances if instances is not None else project.instances)
@@ -88,6 +92,7 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
         out_dir = str(inst.out_dir)
         previous: str | None = None
         previous_module: str | None = None
+        chain: list[dict] = []
         tuning = None
         if tuning_keys is not None:
             graph = f"{out_dir}/{first_artifact}"
@@ -111,7 +116,10 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 "machine": machine,
                 "artifact": artifact,
                 "dumps": stage_dumps,
+                "cache": cache,
             }
+            if executor is not None:
+                spec["executor"] = executor
             if index == len(stages) - 1:
                 # what the binary records about its own making (see tasks/actions.py)
                 spec["build"] = {
@@ -133,11 +141,15 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                     "default_dtype": dtype,
                 }
                 parts["kernel"] = digest_json(spec["trace"])
+                spec["sources"] = list(sources)
                 file_dep = [*sources, stamps.path(stage.name, parts)]
             else:
                 spec["input"] = previous
                 spec["input_module"] = previous_module
                 file_dep = [previous, stamps.path(stage.name, parts)]
+            chain.append(spec)
+            if executor is not None:
+                spec["chain"] = chain  # the stages from this one on run as one remote task
             if tuning is not None and stage.name in TUNED_STAGES:
                 spec["tuning"] = tuning  # looked up in the action: see kiln/tune/apply.py
                 file_dep.append(tuning_file)

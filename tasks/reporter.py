@@ -64,6 +64,7 @@ class KilnReporter:
         self.ran: list[str] = []
         self.uptodate = 0
         self.failures: list[tuple[str, object]] = []
+        self.cache_counts = {"hit": 0, "fetched": 0, "compiled": 0}
         self.progress = None
         self.bar = None
         # the build profile and failures `kiln view` shows (see tasks/results.py)
@@ -123,6 +124,9 @@ class KilnReporter:
     def add_success(self, task):
         if task.actions:
             self.ran.append(task.name)
+            how = (task.values or {}).get("cache") if isinstance(task.values, dict) else None
+            if how in self.cache_counts:
+                self.cache_counts[how] += 1
             self._advance()
             self._record(task, "ran")
 
@@ -152,7 +156,14 @@ class KilnReporter:
         if self.progress is not None:
             self.progress.update(self.bar, description="done")
             self.progress.stop()
+        counts = self.cache_counts
+        fetched = counts["hit"] + counts["fetched"]
+        if any(counts.values()):
+            record_cache_counts(counts)
         if self.format == "json":
+            if any(counts.values()):
+                cache = {"kind": "cache", "fetched": fetched, "compiled": counts["compiled"]}
+                self._write(json.dumps(dict(cache, local_hits=counts["hit"])) + "\n")
             self._write(
                 json.dumps(
                     {
@@ -166,9 +177,12 @@ class KilnReporter:
             )
             return
         total = len(self.ran) + self.uptodate + len(self.failures)
+        cache_part = (
+            f" ({fetched} fetched, {counts['compiled']} compiled)" if any(counts.values()) else ""
+        )
         self._write(
             f"kiln: {total} tasks: {len(self.ran)} ran, {self.uptodate} up to date, "
-            f"{len(self.failures)} failed\n"
+            f"{len(self.failures)} failed{cache_part}\n"
         )
 
     # -- helpers ----------------------------------------------------------
@@ -258,3 +272,14 @@ def _closure(tasks: dict, selected) -> set[str]:
         todo.extend(task.task_dep)
         todo.extend(producers[f] for f in task.file_dep if f in producers)
     return {n for n in seen if tasks[n].actions}
+
+
+def record_cache_counts(counts: dict) -> None:
+    """Keep the last build's cache counts for ``kiln cache stats`` (best effort)."""
+    from kiln.cache.config import resolve_cache_config
+    from kiln.cache.session import write_last_build
+
+    try:
+        write_last_build(resolve_cache_config(None).local_dir, counts)
+    except Exception:  # stats are a convenience; never fail a build over them
+        pass

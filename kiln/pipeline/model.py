@@ -114,6 +114,9 @@ class Pipeline:
     # Things the file asks for that still work but will not for long (old names):
     # printed as warnings on every run, so they stay visible while cached.
     warnings: tuple[str, ...] = ()
+    # cache: {remote, upload, timeout} (the shared store) and executor: {kind, address}
+    cache_settings: dict[str, Any] = field(default_factory=dict, hash=False)
+    executor: dict[str, Any] = field(default_factory=dict, hash=False)
     # Private: key path -> position, rebuilt from the file on demand when None
     # (the cached pickle leaves it out), and a name -> kernel index.
     _source: SourceMap | None = field(default=None, compare=False, hash=False, repr=False)
@@ -163,6 +166,8 @@ class Pipeline:
                 for n, a in (get("apps") or {}).items()
             ),
             warnings=tuple(data.get("_warnings", ())),
+            cache_settings={k: v for k, v in (get("cache") or {}).items() if k != "check"},
+            executor=dict(get("executor") or {}),
             _source=source,
         )
 

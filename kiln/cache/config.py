@@ -1,0 +1,62 @@
+"""Where the cache lives and how it behaves: pipeline.yaml ``cache:`` plus env overrides.
+
+``KILN_REMOTE_CACHE`` (a URL; empty turns the remote off) and
+``KILN_REMOTE_UPLOAD=0`` (read-only, for untrusted pull-request builds)
+override the file; ``KILN_CACHE=0`` turns the whole store off.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from kiln.cache.store import default_cache_dir
+
+DEFAULT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = True
+    local_dir: str = ""
+    remote: str | None = None
+    upload: bool = True
+    timeout: float = DEFAULT_TIMEOUT
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def resolve_cache_config(settings: dict | None) -> CacheConfig:
+    """pipeline.yaml's ``cache:`` mapping, with the environment's overrides applied."""
+    settings = settings or {}
+    remote = settings.get("remote")
+    if "KILN_REMOTE_CACHE" in os.environ:
+        remote = os.environ["KILN_REMOTE_CACHE"] or None
+    upload = bool(settings.get("upload", True))
+    if "KILN_REMOTE_UPLOAD" in os.environ:
+        upload = os.environ["KILN_REMOTE_UPLOAD"].strip().lower() not in ("0", "false", "no", "")
+    if remote:
+        require_remote_support(remote)
+    return CacheConfig(
+        enabled=os.environ.get("KILN_CACHE", "1").strip() not in ("0", "false", "no"),
+        local_dir=str(default_cache_dir() / "store"),
+        remote=remote,
+        upload=upload,
+        timeout=float(settings.get("timeout", DEFAULT_TIMEOUT)),
+    )
+
+
+def require_remote_support(url: str) -> None:
+    """One clear error, naming the extra, when the packages a remote URL needs are absent."""
+    import importlib.util
+
+    from kiln.errors import KilnError
+
+    needed = ["fsspec"] + (["s3fs"] if url.startswith(("s3://", "s3a://")) else [])
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise KilnError(
+            f"the remote cache {url!r} needs {', '.join(missing)}, which is not installed",
+            hint="pip install 'kiln[distributed]' (or unset KILN_REMOTE_CACHE / cache.remote)",
+        )

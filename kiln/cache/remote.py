@@ -1,0 +1,224 @@
+"""The remote store: the same layout as the local one, at any fsspec URL.
+
+Every call runs under a deadline and a circuit breaker: the first failure
+(server down, permission denied, timeout) prints one warning and turns the
+remote off for the rest of the build, which goes on locally. Fetched blobs
+are verified against their digest; a bad object is reported once, naming
+the key, and never used.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import threading
+
+from kiln.cache.store import action_entry, parse_action_entry, sha256
+from kiln.errors import KilnError
+
+DISTRIBUTED_EXTRA = "pip install 'kiln[distributed]'"
+# Backends whose single PUT is atomic: no temp key needed.
+ATOMIC_PUT = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
+
+
+def warn(text: str) -> None:
+    """A warning on the real stderr: doit swaps sys.stdout/sys.stderr inside actions."""
+    stream = sys.__stderr__ or sys.stderr
+    print(f"kiln: warning: {text}", file=stream, flush=True)
+
+
+def open_filesystem(url: str, timeout: float):
+    """(filesystem, root path) for ``url``; a missing fsspec is one clear error."""
+    try:
+        import fsspec
+    except ImportError:
+        raise KilnError(
+            f"the remote cache {url!r} needs fsspec, which is not installed",
+            hint=DISTRIBUTED_EXTRA,
+        ) from None
+    options: dict = {}
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    if protocol in ("s3", "s3a"):
+        endpoint = os.environ.get("KILN_S3_ENDPOINT_URL")
+        options = {
+            "config_kwargs": {
+                "connect_timeout": timeout,
+                "read_timeout": timeout,
+                "retries": {"max_attempts": 1},
+            },
+        }
+        if endpoint:
+            options["endpoint_url"] = endpoint
+        # a fresh client per process: s3fs sessions do not survive a fork
+        options["skip_instance_cache"] = True
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        raise KilnError(
+            f"the remote cache {url!r} needs a filesystem package that is not installed: {exc}",
+            hint=DISTRIBUTED_EXTRA,
+        ) from None
+    except ValueError as exc:
+        raise KilnError(f"bad remote cache URL {url!r}: {exc}") from None
+    return fs, root.rstrip("/"), protocol
+
+
+def shared_breaker(directory: str, url: str) -> str | None:
+    """The marker file that trips the breaker in every process of this build (-n N).
+
+    Named by ``KILN_BUILD_ID``, which the `kiln` command sets for its
+    worker processes; without it each process keeps its own breaker.
+    """
+    build = os.environ.get("KILN_BUILD_ID")
+    if not build or not directory:
+        return None
+    return os.path.join(directory, "breakers", f"{build}-{sha256(url.encode())[:16]}")
+
+
+def claim(path: str) -> bool:
+    """Create ``path`` if nobody has: True for the one process that did."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+
+
+class RemoteStore:
+    """Blobs and action entries at an fsspec URL, behind a deadline and a circuit breaker."""
+
+    def __init__(
+        self, url: str, *, upload: bool = True, timeout: float = 10.0, breaker_dir: str = ""
+    ):
+        self.url = url
+        self.breaker = shared_breaker(breaker_dir, url)
+        self.upload = upload
+        self.timeout = timeout
+        self.fs, self.root, self.protocol = open_filesystem(url, timeout)
+        self.broken = False
+        self.warned_keys: set[str] = set()
+        self.fetched_bytes = 0
+        self.uploaded_bytes = 0
+        self._lock = threading.Lock()
+
+    def _call(self, what: str, fn, *args):
+        """fn(*args) within the deadline; on any failure trip the breaker and return None.
+
+        The call runs on a daemon thread: a backend stuck past the deadline
+        (a dead NFS server) is abandoned and cannot hold up the exit.
+        """
+        if self.broken:
+            return None
+        if self.breaker is not None and os.path.exists(self.breaker):
+            self.broken = True  # another process of this build found the remote down
+            return None
+        outcome: dict = {}
+
+        def target():
+            try:
+                outcome["value"] = fn(*args)
+            except BaseException as exc:  # handed to the caller below
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=target, name="kiln-remote-cache", daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():
+            self._trip(f"no answer within {self.timeout:g} s while {what}")
+            return None
+        error = outcome.get("error")
+        if error is None:
+            return outcome.get("value")
+        if isinstance(error, FileNotFoundError):
+            return None
+        self._trip(f"{type(error).__name__} while {what}: {error}")
+        return None
+
+    def _trip(self, reason: str) -> None:
+        with self._lock:
+            if self.broken:
+                return
+            self.broken = True
+        if self.breaker is not None and not claim(self.breaker):
+            return  # another process of this build has warned already
+        warn(
+            f"remote cache {self.url} is unavailable ({reason}); "
+            "building locally without it for the rest of this build"
+        )
+
+    def _bad_object(self, key: str, why: str) -> None:
+        if key not in self.warned_keys:
+            self.warned_keys.add(key)
+            warn(f"remote cache object for action {key} is {why}; ignored, rebuilding locally")
+
+    def _path(self, kind: str, name: str) -> str:
+        return f"{self.root}/{kind}/{name[:2]}/{name}"
+
+    def lookup(self, key: str) -> dict[str, bytes] | None:
+        """The verified outputs of ``key`` from the remote, or None."""
+        raw = self._call(f"reading action {key}", self.fs.cat_file, self._path("ac", key))
+        if raw is None:
+            return None
+        outputs = parse_action_entry(raw)
+        if outputs is None:
+            self._bad_object(key, "not a Kiln action entry")
+            return None
+        found = {}
+        for name, digest in outputs.items():
+            data = self._call(f"reading blob {digest}", self.fs.cat_file, self._path("cas", digest))
+            if data is None:
+                if not self.broken:
+                    self._bad_object(key, f"missing its output {name!r}")
+                return None
+            if sha256(data) != digest:
+                self._bad_object(key, f"corrupt (output {name!r} does not match digest {digest})")
+                return None
+            self.fetched_bytes += len(data)
+            found[name] = data
+        return found
+
+    def store(self, key: str, outputs: dict[str, bytes], digests: dict[str, str]) -> None:
+        """Upload the outputs, then the entry naming them: no reader sees a dangling entry."""
+        if not self.upload or self.broken:
+            return
+        for name, data in outputs.items():
+            path = self._path("cas", digests[name])
+            if not self._call(f"uploading {name} of {key}", self._put, path, data, True):
+                return
+            self.uploaded_bytes += len(data)
+        entry = action_entry(digests)
+        self._call(f"uploading action {key}", self._put, self._path("ac", key), entry, False)
+
+    def _put(self, path: str, data: bytes, skip_if_present: bool) -> bool:
+        if skip_if_present and key_is_valid_blob(self.fs, path):
+            return True
+        parent = path.rsplit("/", 1)[0]
+        if self.protocol in ATOMIC_PUT:
+            self.fs.pipe_file(path, data)
+            return True
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = f"{parent}/.{path.rsplit('/', 1)[1]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        self.fs.pipe_file(tmp, data)
+        try:
+            self.fs.mv(tmp, path)
+        except Exception:
+            try:
+                self.fs.rm_file(tmp)
+            finally:
+                raise
+        return True
+
+    def close(self) -> None:
+        """Nothing to release: calls run on their own daemon threads."""
+
+
+def key_is_valid_blob(fs, path: str) -> bool:
+    """Whether the blob at ``path`` exists with the right bytes (a bad one gets overwritten)."""
+    try:
+        return sha256(fs.cat_file(path)) == path.rsplit("/", 1)[1]
+    except FileNotFoundError:
+        return False

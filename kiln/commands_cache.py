@@ -1,0 +1,94 @@
+"""`kiln cache stats|gc|verify` and the compile flags that choose an executor.
+
+Kept apart from kiln/cli.py so the CLI only wires them in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from kiln.errors import KilnError
+
+SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def add_cache_parser(sub) -> None:
+    c = sub.add_parser("cache", help="the content-addressed artifact store (KILN_CACHE_DIR)")
+    action = c.add_subparsers(dest="cache_command", required=True)
+    action.add_parser("stats", help="entries, bytes, and the last build's hit/fetch/compile counts")
+    gc = action.add_parser("gc", help="drop least recently used entries down to a size")
+    gc.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G")
+    action.add_parser("verify", help="re-hash every local entry and drop bad ones")
+
+
+def add_executor_flags(parser) -> None:
+    parser.add_argument(
+        "--executor", choices=["local", "dask"], help="where stage actions run (default local)"
+    )
+    parser.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, tcp://HOST:8786")
+
+
+def apply_executor_flags(args) -> None:
+    """Hand --executor/--scheduler/-n to the task loader through the environment."""
+    if getattr(args, "scheduler", None) and not getattr(args, "executor", None):
+        args.executor = "dask"
+    if getattr(args, "executor", None):
+        os.environ["KILN_EXECUTOR"] = args.executor
+    if getattr(args, "scheduler", None):
+        os.environ["KILN_SCHEDULER"] = args.scheduler
+    if getattr(args, "process", 0):
+        os.environ["KILN_JOBS"] = str(args.process)
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise KilnError(
+            f"bad size {text!r} for --max-size",
+            expected="a number with an optional unit: 500M, 2G, 1024",
+            found=text,
+        )
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).upper()])
+
+
+def cmd_cache(args) -> int:
+    from kiln.cache.store import LocalStore, default_cache_dir
+
+    store = LocalStore(default_cache_dir() / "store")
+    if args.cache_command == "stats":
+        size = store.size()
+        try:
+            last = json.loads((store.root / "last-build.json").read_text())
+        except (OSError, ValueError):
+            last = {}
+        print(f"kiln cache: {store.root}")
+        print(f"  entries: {size.entries} actions, {size.blobs} blobs, {_human(size.bytes)}")
+        if last:
+            print(
+                f"  last build: {last.get('hit', 0)} local hits, {last.get('fetched', 0)} "
+                f"fetched from the remote, {last.get('compiled', 0)} compiled (misses)"
+            )
+        else:
+            print("  last build: no record")
+        return 0
+    if args.cache_command == "gc":
+        limit = parse_size(args.max_size)
+        removed, freed = store.gc(limit)
+        now = _human(store.size().bytes)
+        print(f"kiln cache: removed {removed} files ({_human(freed)}); now {now}")
+        return 0
+    checked, dropped = store.verify()
+    for path in dropped:
+        print(f"kiln cache: dropped damaged entry {path}")
+    print(f"kiln cache: checked {checked} files, dropped {len(dropped)}")
+    return 0
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,117 @@
+"""End to end through the CLI: a team cache in a shared directory.
+
+One warm build fills the remote; clean clones then compile nothing, get
+the same bytes, survive a damaged remote object and an unusable remote.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_kiln
+
+pytest.importorskip("fsspec", reason="the remote cache needs kiln[distributed]")
+
+INSTANCES = 4  # vector_add, softmax, gemm.small, gemm.wide
+TASKS = INSTANCES * 5
+
+
+def portable(data: bytes, project: Path) -> bytes:
+    return data.replace(str(project.resolve()).encode(), b"<root>")
+
+
+def artifacts(project: Path) -> dict[str, bytes]:
+    """Every file under build/, the project's own path (source maps name it) as <root>."""
+    base = project / "build"
+    files = sorted(p for p in base.rglob("*") if p.is_file())
+    return {str(p.relative_to(base)): portable(p.read_bytes(), project) for p in files}
+
+
+def clone(project: Path, name: str) -> Path:
+    target = project.parent / name
+    shutil.copytree(project / "kernels", target / "kernels")
+    shutil.copy(project / "pipeline.yaml", target / "pipeline.yaml")
+    return target
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A project built once with a shared-directory remote: (project, remote dir, its bytes)."""
+    from tests.conftest import REPO, SMALL_PIPELINE, machines_yaml
+
+    base = tmp_path_factory.mktemp("team")
+    project = base / "origin"
+    shutil.copytree(REPO / "kernels", project / "kernels", ignore=shutil.ignore_patterns("__py*"))
+    (project / "pipeline.yaml").write_text(SMALL_PIPELINE + machines_yaml())
+    remote = base / "remote"
+    env = {"KILN_REMOTE_CACHE": f"file://{remote}"}
+    proc = run_kiln(project, "compile", env=env, check=True)
+    assert f"(0 fetched, {TASKS} compiled)" in proc.stdout
+    return project, remote, artifacts(project)
+
+
+def test_clean_clone_with_warm_remote_compiles_nothing(warm):
+    project, remote, local_bytes = warm
+    fresh = clone(project, "clone-clean")
+    proc = run_kiln(fresh, "compile", env={"KILN_REMOTE_CACHE": f"file://{remote}"}, check=True)
+    assert f"({TASKS} fetched, 0 compiled)" in proc.stdout
+    assert "warning" not in proc.stderr
+    assert artifacts(fresh) == local_bytes
+    stats = run_kiln(fresh, "cache", "stats", check=True).stdout
+    assert f"{TASKS} actions" in stats
+    assert f"0 local hits, {TASKS} fetched from the remote, 0 compiled" in stats
+
+
+def test_damaged_remote_blob_is_rebuilt_and_overwritten(warm):
+    project, remote, local_bytes = warm
+    from kiln.cache.store import sha256
+
+    name = next(k for k in local_bytes if k.startswith("kiln/kernel/gemm/small/") and "edf" in k)
+
+    digest = sha256(local_bytes[name])
+    blob = remote / "cas" / digest[:2] / digest
+    blob.write_bytes(local_bytes[name][:-7])  # truncated
+    fresh = clone(project, "clone-damaged")
+    proc = run_kiln(fresh, "compile", env={"KILN_REMOTE_CACHE": f"file://{remote}"}, check=True)
+    assert f"({TASKS - 1} fetched, 1 compiled)" in proc.stdout
+    assert proc.stderr.count("warning") == 1 and "corrupt" in proc.stderr
+    assert artifacts(fresh) == local_bytes
+    assert blob.read_bytes() == local_bytes[name]  # uploads on: the bad object was replaced
+
+
+def test_unusable_remote_warns_once_across_processes_and_builds_locally(warm, tmp_path):
+    project, _, local_bytes = warm
+    (tmp_path / "not-a-dir").write_text("a file where the cache should be")
+    fresh = clone(project, "clone-unreachable")
+    env = {"KILN_REMOTE_CACHE": f"file://{tmp_path}/not-a-dir/cache"}
+    # two worker processes, one warning: they share the build's breaker
+    proc = run_kiln(fresh, "compile", "-n", "2", env=env, check=True)
+    assert f"(0 fetched, {TASKS} compiled)" in proc.stdout
+    assert proc.stderr.count("warning") == 1 and "unavailable" in proc.stderr
+    assert artifacts(fresh) == local_bytes
+
+
+def test_read_only_build_leaves_the_remote_alone(warm, tmp_path):
+    project, _, _ = warm
+    remote = tmp_path / "pr-remote"
+    fresh = clone(project, "clone-readonly")
+    env = {"KILN_REMOTE_CACHE": f"file://{remote}", "KILN_REMOTE_UPLOAD": "0"}
+    run_kiln(fresh, "compile", "vector_add", env=env, check=True)
+    assert not remote.exists()
+
+
+def test_cache_verify_and_gc_on_the_local_store(warm):
+    project, _, _ = warm
+    store = project / ".cache" / "store"
+    blob = next(p for p in (store / "cas").rglob("*") if p.is_file())
+    blob.write_bytes(b"damaged")
+    proc = run_kiln(project, "cache", "verify", check=True)
+    assert "dropped 1" in proc.stdout and blob.name in proc.stdout
+    assert not blob.exists()
+    proc = run_kiln(project, "cache", "gc", "--max-size", "0", check=True)
+    assert "now 0 B" in proc.stdout
+    bad = run_kiln(project, "cache", "gc", "--max-size", "lots")
+    assert bad.returncode == 2 and "--max-size" in bad.stderr and "Traceback" not in bad.stderr

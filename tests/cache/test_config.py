@@ -1,0 +1,62 @@
+"""pipeline.yaml ``cache:`` and the environment that overrides it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.cache.config import require_remote_support, resolve_cache_config
+from kiln.errors import KilnError
+
+
+def test_env_overrides_the_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("KILN_REMOTE_CACHE", "file:///shared/team")
+    monkeypatch.setenv("KILN_REMOTE_UPLOAD", "0")
+    config = resolve_cache_config({"remote": "file:///elsewhere", "upload": True, "timeout": 3})
+    assert config.remote == "file:///shared/team"
+    assert config.upload is False
+    assert config.timeout == 3.0
+    assert config.local_dir == str(tmp_path / "store")
+
+
+def test_empty_env_turns_the_remote_off(monkeypatch):
+    monkeypatch.setenv("KILN_REMOTE_CACHE", "")
+    assert resolve_cache_config({"remote": "file:///x"}).remote is None
+
+
+def test_missing_extra_is_one_message_naming_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "s3fs" else real(name, *a)
+    )
+    with pytest.raises(KilnError) as info:
+        require_remote_support("s3://bucket/prefix")
+    assert "s3fs" in info.value.message
+    assert "kiln[distributed]" in info.value.hint
+
+
+def test_pipeline_yaml_declares_the_remote_and_the_executor(project):
+    from kiln.pipeline import load_pipeline
+
+    path = project / "pipeline.yaml"
+    text = path.read_text()
+    path.write_text(
+        "cache: {check: md5, remote: 's3://team/kiln', upload: false, timeout: 4}\n"
+        "executor: {kind: dask, address: 'tcp://10.0.0.1:8786'}\n" + text
+    )
+    pipeline = load_pipeline(path)
+    assert pipeline.cache_check == "md5"
+    assert pipeline.cache_settings == {"remote": "s3://team/kiln", "upload": False, "timeout": 4}
+    assert pipeline.executor == {"kind": "dask", "address": "tcp://10.0.0.1:8786"}
+
+
+def test_unknown_executor_kind_is_rejected_with_the_key_path(project):
+    from kiln.pipeline import load_pipeline
+
+    path = project / "pipeline.yaml"
+    path.write_text("executor: {kind: ray}\n" + path.read_text())
+    with pytest.raises(KilnError) as info:
+        load_pipeline(path)
+    assert "executor.kind" in info.value.render()

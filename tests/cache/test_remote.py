@@ -1,0 +1,99 @@
+"""The remote store at an fsspec URL: verified fetches, one warning, a deadline, a breaker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("fsspec", reason="the remote cache needs kiln[distributed]")
+
+import fsspec  # noqa: E402
+from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
+
+from kiln.cache.remote import RemoteStore  # noqa: E402
+from kiln.cache.store import sha256  # noqa: E402
+
+KEY = "e" * 64
+
+
+def _upload(remote: RemoteStore, data: bytes) -> str:
+    digest = sha256(data)
+    remote.store(KEY, {"artifact": data}, {"artifact": digest})
+    return digest
+
+
+def test_shared_directory_round_trip_is_atomic(tmp_path):
+    remote = RemoteStore(f"file://{tmp_path}/team")
+    digest = _upload(remote, b"lir bytes")
+    assert (tmp_path / "team" / "cas" / digest[:2] / digest).read_bytes() == b"lir bytes"
+    assert not list((tmp_path / "team").rglob("*.tmp"))
+    assert RemoteStore(f"file://{tmp_path}/team").lookup(KEY) == {"artifact": b"lir bytes"}
+    assert remote.uploaded_bytes == len(b"lir bytes")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "foreign"])
+def test_damaged_remote_object_warns_once_naming_the_key_and_is_overwritten(
+    tmp_path, capfd, damage
+):
+    remote = RemoteStore(f"file://{tmp_path}/team")
+    digest = _upload(remote, b"0123456789")
+    blob = tmp_path / "team" / "cas" / digest[:2] / digest
+    entry = tmp_path / "team" / "ac" / KEY[:2] / KEY
+    if damage == "truncate":
+        blob.write_bytes(b"01234")
+    elif damage == "flip":
+        blob.write_bytes(b"0123456788")
+    else:
+        entry.write_bytes(b"<html>403 Forbidden</html>")
+    reader = RemoteStore(f"file://{tmp_path}/team")
+    assert reader.lookup(KEY) is None
+    assert reader.lookup(KEY) is None
+    err = capfd.readouterr().err
+    assert err.count("warning") == 1 and KEY in err
+    _upload(reader, b"0123456789")  # the rebuilt output overwrites the bad object
+    assert RemoteStore(f"file://{tmp_path}/team").lookup(KEY) == {"artifact": b"0123456789"}
+
+
+def test_read_only_remote_never_writes(tmp_path):
+    remote = RemoteStore(f"file://{tmp_path}/team", upload=False)
+    _upload(remote, b"abc")
+    assert not (tmp_path / "team").exists()
+
+
+class SlowFileSystem(MemoryFileSystem):
+    protocol = "kilnslow"
+    calls = 0
+
+    def cat_file(self, path, *args, **kwargs):
+        type(self).calls += 1
+        time.sleep(5)
+        return b""
+
+
+class DeniedFileSystem(MemoryFileSystem):
+    protocol = "kilndenied"
+    calls = 0
+
+    def cat_file(self, path, *args, **kwargs):
+        type(self).calls += 1
+        raise PermissionError(13, "Permission denied", path)
+
+
+@pytest.mark.parametrize(
+    "fs_class, reason",
+    [(SlowFileSystem, "no answer within 0.3 s"), (DeniedFileSystem, "Permission denied")],
+)
+def test_failing_remote_warns_once_then_stays_off(capfd, fs_class, reason):
+    fsspec.register_implementation(fs_class.protocol, fs_class, clobber=True)
+    fs_class.calls = 0
+    remote = RemoteStore(f"{fs_class.protocol}://cache", timeout=0.3)
+    start = time.monotonic()
+    for key in ("1" * 64, "2" * 64, "3" * 64):
+        assert remote.lookup(key) is None
+    _upload(remote, b"data")
+    assert time.monotonic() - start < 2
+    assert fs_class.calls == 1  # the breaker: no call after the first failure
+    err = capfd.readouterr().err
+    assert err.count("warning") == 1 and reason in err
+    remote.close()
