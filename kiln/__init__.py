@@ -7,6 +7,7 @@ configuration (the CLI, the task loader) do not pay for importing numpy.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
@@ -14,10 +15,15 @@ __version__ = "0.1.0"
 # Kept literal so that `from kiln import <submodule>` never imports the language
 # (tests/lang checks it against kiln.lang.__all__).
 LANG_NAMES = frozenset(
-    """DeviceFunction Tensor TensorSpec abs absolute add bf16 broadcast_to cast conv2d device
-    dispatching divide equal exp f16 f32 gelu greater greater_equal i32 less less_equal log
-    logical_not matmul max maximum mean min minimum multiply negative not_equal permute power
-    relu reshape rsqrt sigmoid sqrt subtract sum tanh trace transpose where""".split()
+    """DeviceFunction INF Tensor TensorSpec abs absolute add arange argmax argmin bf16
+    bool_ broadcast_to cast ceil clip concatenate conv conv2d conv_dgrad conv_wgrad
+    device dispatching divide dot einsum equal erf exp expand_dims expm1 f16 f32 flatten
+    flip floor full full_like gelu greater greater_equal i32 inf less less_equal log
+    log1p log_softmax logical_and logical_not logical_or logical_xor logsumexp matmul
+    matrix_transpose max maximum mean min minimum moveaxis multiply negative not_equal
+    ones_like permute power prod reciprocal relu reshape round rsqrt sigmoid sign silu
+    softmax softplus sqrt square squeeze stack std subtract sum swapaxes tanh trace
+    transpose var where zeros_like""".split()
 )
 
 
@@ -28,7 +34,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(lang, name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+    if name.startswith("_") or importlib.util.find_spec(f"kiln.{name}") is not None:
+        raise AttributeError(f"module 'kiln' has no attribute {name!r}")  # a submodule
+    from kiln.lang.errors import unknown_name  # a misspelled op: say which ones exist
+
+    raise unknown_name("kiln", name, LANG_NAMES)
 
 
 def __dir__() -> list[str]:

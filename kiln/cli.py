@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
+    if argv[0] == "bench" and any(a.startswith("problem:") for a in argv[1:]):
+        from kiln.tasks.problems import run_problem_bench  # built-in problems: own flags
+
+        return run_problem_bench(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if getattr(args, "message_format", None):
@@ -113,7 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--junit", type=Path, metavar="FILE")
     t.add_argument("--seed", type=int, default=0)
 
-    b = sub.add_parser("bench", help="time kernels on a target")
+    b = sub.add_parser(
+        "bench", help="time kernels on a target (or problem:conv|gemm|layernorm|softmax|attention)"
+    )
     b.add_argument("filters", nargs="*", metavar="FILTER")
     b.add_argument("--target", required=True, metavar="T")
     b.add_argument("--iter", type=int, default=10)

@@ -22,6 +22,7 @@ from kiln.runners.iree_scalar import (  # noqa: F401  (func_name, literal: part 
     SCALAR,
     Body,
     affine,
+    constant_op,
     emit_scalar,
     func_name,
     literal,
@@ -36,7 +37,7 @@ from kiln.ir.ops import OPS
 # ---------------------------------------------------------------------------
 # Tensor level: one emitter per op (STYLE 5), each returning the node's value.
 
-REDUCTIONS = ("sum", "max", "min", "mean")
+REDUCTIONS = ("sum", "max", "min", "mean", "prod")
 # Ops whose generic computes a single-use elementwise producer in its own body.
 FUSES_PRODUCERS = (*SCALAR, *REDUCTIONS)
 
@@ -78,7 +79,7 @@ class _Func:
         return self.maps[amap]
 
     def fill(self, value: str, elem: str, shape) -> str:
-        cst = self.emit(f"arith.constant {value} : {elem}")
+        cst = self.emit(constant_op(value, elem))
         t = ttype(shape, elem)
         return self.emit(
             f"linalg.fill ins({cst} : {elem}) outs({self.empty(shape, elem)} : {t}) -> {t}"
@@ -256,11 +257,15 @@ _INIT = {  # (op, accumulator) -> identity literal
     ("min", "f32"): F32_SPECIAL["inf"],
     ("min", "i32"): str(2**31 - 1),
     ("min", "i1"): "true",
+    ("prod", "f32"): "1.0",
+    ("prod", "i32"): "1",
+    ("prod", "i1"): "true",
 }
 _COMBINE = {
     "sum": {"f32": "arith.addf", "i32": "arith.addi", "i64": "arith.addi", "i1": "arith.ori"},
     "max": {"f32": "arith.maximumf", "i32": "arith.maxsi", "i1": "arith.ori"},
     "min": {"f32": "arith.minimumf", "i32": "arith.minsi", "i1": "arith.andi"},
+    "prod": {"f32": "arith.mulf", "i32": "arith.muli", "i1": "arith.andi"},
 }
 
 
@@ -381,7 +386,7 @@ def _conv2d(f: _Func, node: Node) -> str:
     if node.dtype == "bool":
         raise unsupported(node, "conv2d needs a numeric dtype")
     elem, acc = ELEM[node.dtype], ("f32" if node.dtype in FLOATS else "i32")
-    (sh, sw), (ph, pw), (dh, dw) = (node.attr(k) for k in ("stride", "padding", "dilation"))
+    ph, pw = node.attr("padding")
     value, tx = f.tensor(x.id), ttype(x.shape, elem)
     if ph or pw:
         zero = f.emit(f"arith.constant {literal(0, node.dtype)} : {elem}")
@@ -395,20 +400,72 @@ def _conv2d(f: _Func, node: Node) -> str:
             f"}} : {tx} to {padded}",
         ]
         value, tx = name, padded
-    init, tout = (
-        f.fill(literal(0, "f32" if acc == "f32" else "i32"), acc, node.shape),
-        ttype(node.shape, acc),
-    )
-    dilations, strides = (
-        f"dense<[{dh}, {dw}]> : tensor<2xi64>",
-        f"dense<[{sh}, {sw}]> : tensor<2xi64>",
-    )
-    attrs = f"{{dilations = {dilations}, strides = {strides}}}"
-    result = f.emit(
-        f"linalg.conv_2d_nhwc_hwcf {attrs} ins({value}, {f.tensor(w.id)} : {tx}, "
-        f"{ttype(w.shape, elem)}) outs({init} : {tout}) -> {tout}"
-    )
+    result = _im2col_matmul(f, node, value, tx, w, elem, acc)
     return f.round_to(result, node.shape, node.dtype)
+
+
+def _im2col_matmul(f: _Func, node: Node, value: str, tx: str, w: Node, elem: str, acc: str):
+    """conv2d as one matmul: the (N*OH*OW, KH*KW*C) patch matrix times the HWIO filter
+    seen as (KH*KW*C, F). IREE's CPU matmuls are much faster than its direct convolutions."""
+    (sh, sw), (dh, dw) = node.attr("stride"), node.attr("dilation")
+    kh, kw, c, nf = w.shape
+    n, oh, ow, _ = node.shape
+    rows, depth = n * oh * ow, kh * kw * c
+    window = ttype((n, oh, ow, c), elem)
+    cols_type = ttype((n, oh, ow, depth), elem)
+    cols = f.empty((n, oh, ow, depth), elem)
+    for i in range(kh):
+        for j in range(kw):
+            tap = f.emit(
+                f"tensor.extract_slice {value}[0, {i * dh}, {j * dw}, 0][{n}, {oh}, {ow}, {c}]"
+                f"[1, {sh}, {sw}, 1] : {tx} to {window}"
+            )
+            cols = f.emit(
+                f"tensor.insert_slice {tap} into {cols}[0, 0, 0, {(i * kw + j) * c}]"
+                f"[{n}, {oh}, {ow}, {c}][1, 1, 1, 1] : {window} into {cols_type}"
+            )
+    groups = "[[0, 1, 2], [3]]"
+    lhs_t, rhs_t = ttype((rows, depth), elem), ttype((depth, nf), elem)
+    lhs = f.collapse(cols, groups, cols_type, lhs_t)
+    rhs = f.collapse(f.tensor(w.id), groups, ttype(w.shape, elem), rhs_t)
+    init = f.fill(literal(0, acc), acc, (rows, nf))
+    tout = ttype((rows, nf), acc)
+    flat = f.emit(
+        f"linalg.matmul ins({lhs}, {rhs} : {lhs_t}, {rhs_t}) outs({init} : {tout}) -> {tout}"
+    )
+    return f.expand(flat, groups, tout, node.shape, acc)
+
+
+def _slice(f: _Func, node: Node) -> str:
+    x, elem = f.graph.node(node.inputs[0]), ELEM[node.dtype]
+    offsets, strides = node.attr("starts"), node.attr("steps")
+    sizes = node.shape
+
+    def text(values) -> str:
+        return "[" + ", ".join(map(str, values)) + "]"
+
+    return f.emit(
+        f"tensor.extract_slice {f.tensor(x.id)}{text(offsets)}{text(sizes)}{text(strides)} "
+        f": {ttype(x.shape, elem)} to {ttype(node.shape, elem)}"
+    )
+
+
+def _concat(f: _Func, node: Node) -> str:
+    """Each input inserted at its offset into one result tensor."""
+    axis, elem, rank = node.attr("axis"), ELEM[node.dtype], node.type.rank
+    value, start = f.empty(node.shape, elem), 0
+    for src in (f.graph.node(i) for i in node.inputs):
+        offsets = [start if a == axis else 0 for a in range(rank)]
+        start += src.shape[axis]
+        if src.type.size == 0:
+            continue
+        value = f.emit(
+            f"tensor.insert_slice {f.tensor(src.id)} into {value}"
+            f"[{', '.join(map(str, offsets))}][{', '.join(map(str, src.shape))}]"
+            f"[{', '.join(['1'] * rank)}] : {ttype(src.shape, elem)} into "
+            f"{ttype(node.shape, elem)}"
+        )
+    return value
 
 
 TENSOR: dict[str, Callable[[_Func, Node], str | None]] = {
@@ -417,6 +474,8 @@ TENSOR: dict[str, Callable[[_Func, Node], str | None]] = {
     "matmul": _matmul,
     "transpose": _transpose,
     "reshape": _reshape,
+    "slice": _slice,
+    "concat": _concat,
     "conv2d": _conv2d,
 }
 LAZY = ("arg", "const", "broadcast")  # values made on first use (or never, when folded)

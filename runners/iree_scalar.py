@@ -55,6 +55,11 @@ def literal(value, dtype: str) -> str:
     return np.format_float_scientific(f, unique=True, trim="0")
 
 
+def constant_op(text: str, elem: str) -> str:
+    """``arith.constant``; MLIR spells bools bare (``true``), other literals with a type."""
+    return f"arith.constant {text}" if elem == "i1" else f"arith.constant {text} : {elem}"
+
+
 def _half_bits(x, dtype: str) -> str:
     return f"0x{int(np.asarray(x, NUMPY_DTYPES[dtype]).view(np.uint16)):04X}"
 
@@ -129,7 +134,7 @@ class Body:
         text = literal(value, dtype)
         key = (text, dtype)
         if key not in self._consts:
-            self._consts[key] = self.op(f"arith.constant {text} : {ELEM[dtype]}")
+            self._consts[key] = self.op(constant_op(text, ELEM[dtype]))
         return self._consts[key]
 
 
@@ -289,6 +294,12 @@ SCALAR: dict[str, tuple[Callable, bool]] = {
     "rsqrt": (_math("rsqrt"), True),
     "tanh": (_math("tanh"), True),
     "sigmoid": (_sigmoid, True),
+    "erf": (_math("erf"), True),
+    "log1p": (_math("log1p"), True),
+    "expm1": (_math("expm1"), True),
+    "floor": (_math("floor"), True),
+    "ceil": (_math("ceil"), True),
+    "round": (_math("roundeven"), True),
     "relu": (_relu, True),
     "gelu": (_gelu, True),
     **{op: (_compare, False) for op in _CMP_F},

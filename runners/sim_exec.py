@@ -37,8 +37,13 @@ _UNARY_F32 = {
     "log": np.log,
     "sqrt": np.sqrt,
     "tanh": np.tanh,
+    "log1p": np.log1p,
+    "expm1": np.expm1,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.rint,  # half to even, as np.round
 }
-_REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+_REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 
 
 def _copy(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> Bound | None:

@@ -151,7 +151,7 @@ class _Emitter:
         cap = tuple(1 if a in axes else b for a, b in enumerate(box))
         op = "sum" if red.op == "mean" else red.op
         sdt = self.graph.node(red.inputs[0]).dtype
-        adt = visa.acc_dtype(sdt) if op == "sum" else sdt
+        adt = visa.acc_dtype(sdt) if op in ("sum", "prod") else sdt
         out = Tile(self.buffer(f"acc{red.id}", adt, cap), kept)
         self.emit(op, out, src, acc=int(not first), axes=axes)
         if not last:
@@ -193,6 +193,19 @@ class _Emitter:
         for origin, extent, _, _ in _boxes(node.shape, box):
             tile = self.tile(node.id, f"in{node.id}_g{g.index}", origin, extent, box)
             self.store(node.id, tile, origin, extent, dest=g.dest or self.home[node.id])
+
+    def concat(self, g: _Group) -> None:
+        node = g.node
+        axis = node.attr("axis")
+        start = 0
+        for src in node.inputs:
+            shape = self.graph.node(src).shape
+            box = _fit(shape, self.tiles.vector)
+            for origin, extent, _, _ in _boxes(shape, box):
+                tile = self.tile(src, f"in{src}_g{g.index}", origin, extent, box)
+                at = tuple(o + start if a == axis else o for a, o in enumerate(origin))
+                self.store(node.id, tile, at, extent)
+            start += shape[axis]
 
     def pad(self, g: _Group) -> None:
         """Zero the border of the padded conv input, then copy the input into its middle."""
@@ -297,4 +310,5 @@ _EMIT = {
     "transpose": _Emitter.transpose,
     "copy": _Emitter.copy,
     "pad": _Emitter.pad,
+    "concat": _Emitter.concat,
 }

@@ -128,7 +128,7 @@ class _Group:
     """
 
     index: int
-    kind: str  # fused | transpose | copy | pad
+    kind: str  # fused | transpose | copy | pad | concat
     shape: tuple[int, ...]
     producer: Node | None = None
     members: list[Node] = field(default_factory=list)  # elementwise ops and reductions, in order
@@ -153,7 +153,7 @@ class _Group:
 
     def defines(self) -> list[Node]:
         found = [self.producer, *self.members]
-        if self.kind in ("transpose", "copy") and self.dest is None:
+        if self.kind in ("transpose", "copy", "concat") and self.dest is None:
             found.append(self.node)
         return [n for n in found if n is not None]
 
@@ -243,6 +243,22 @@ class _Planner:
     def transpose(self, node: Node) -> None:
         self.computed(node, self.new("transpose", node.shape, node=node))
 
+    def slice(self, node: Node) -> None:
+        """A strided window of its input: no instructions, only a view (like broadcast)."""
+        ref = self.loc[node.inputs[0]]
+        self.avail[node.id] = self.avail[node.inputs[0]]
+        if isinstance(ref, Imm):
+            self.loc[node.id] = ref
+            return
+        starts, steps = node.attr("starts"), node.attr("steps")
+        offset = ref.offset + sum(a * s for a, s in zip(starts, ref.strides, strict=True))
+        strides = tuple(s * k for s, k in zip(ref.strides, steps, strict=True))
+        self.loc[node.id] = _Ref(ref.base, offset, strides)
+
+    def concat(self, node: Node) -> None:
+        """Each input copied into its place in the result."""
+        self.computed(node, self.new("concat", node.shape, node=node))
+
     def elementwise(self, node: Node) -> None:
         group = self._join_target(node) if self.fusion else None
         if group is None:
@@ -300,6 +316,8 @@ _PLAN = {
     "broadcast": _Planner.broadcast,
     "reshape": _Planner.reshape,
     "transpose": _Planner.transpose,
+    "slice": _Planner.slice,
+    "concat": _Planner.concat,
     "reduce": _Planner.reduce,
     "matmul": _Planner.producer,
     "conv2d": _Planner.producer,

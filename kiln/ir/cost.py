@@ -18,9 +18,18 @@ def flops(graph: Graph) -> int:
             w = graph.nodes[node.inputs[1]].type
             kh, kw, c, _ = w.shape
             total += 2 * node.type.size * kh * kw * c
-        elif node.op in ("sum", "max", "min", "mean"):
+        elif node.op in ("sum", "max", "min", "mean", "prod"):
             total += graph.nodes[node.inputs[0]].type.size
-        elif node.op in ("arg", "const", "transpose", "reshape", "broadcast", "cast"):
+        elif node.op in (
+            "arg",
+            "const",
+            "transpose",
+            "reshape",
+            "broadcast",
+            "cast",
+            "slice",
+            "concat",
+        ):
             continue
         else:
             total += node.type.size

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,7 +151,7 @@ class Graph:
                 op=str(n["op"]),
                 inputs=tuple(int(i) for i in n["inputs"]),
                 type=TensorType(tuple(int(d) for d in n["shape"]), str(n["dtype"])),
-                attrs=make_attrs(**n.get("attrs", {})),
+                attrs=make_attrs(**_const_value(str(n["op"]), n.get("attrs", {}))),
             )
             for n in data["nodes"]
         )
@@ -198,4 +199,14 @@ class Graph:
 def _thaw(value: AttrValue) -> AttrValue:
     if isinstance(value, tuple):
         return [_thaw(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # JSON has no inf/nan: "inf", "-inf", "nan"
     return value
+
+
+def _const_value(op: str, attrs: dict) -> dict:
+    """A const's non-finite value comes back from its JSON spelling ("inf", "-inf", "nan")."""
+    value = attrs.get("value")
+    if op == "const" and value in ("inf", "-inf", "nan"):
+        return {**attrs, "value": float(value)}
+    return attrs

@@ -43,6 +43,14 @@ def _gelu(x):
     return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
 
 
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def _erf(x):
+    """numpy has no erf; math.erf per element is exact to double precision."""
+    return _ERF(x.astype(np.float64)).astype(x.dtype)
+
+
 def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
@@ -88,6 +96,12 @@ _UNARY: dict[str, Callable] = {
     "sigmoid": _sigmoid,
     "relu": lambda x: np.maximum(x, 0),
     "gelu": _gelu,
+    "erf": _erf,
+    "log1p": np.log1p,
+    "expm1": np.expm1,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.round,  # half to even, like numpy
 }
 _BINARY: dict[str, Callable] = {
     "add": np.add,
@@ -104,7 +118,21 @@ _BINARY: dict[str, Callable] = {
     "eq": np.equal,
     "ne": np.not_equal,
 }
-_REDUCE: dict[str, Callable] = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}
+_REDUCE: dict[str, Callable] = {
+    "sum": np.sum,
+    "max": np.max,
+    "min": np.min,
+    "mean": np.mean,
+    "prod": np.prod,
+}
+
+
+def _slice(x, attrs):
+    index = tuple(
+        slice(start, start + (size - 1) * step + 1 if size else start, step)
+        for start, step, size in zip(attrs["starts"], attrs["steps"], attrs["sizes"], strict=True)
+    )
+    return x[index]
 
 
 def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: dict, out: TensorType) -> np.ndarray:
@@ -132,6 +160,10 @@ def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: dict, out: TensorType
         result = np.reshape(args[0], tuple(attrs["shape"]))
     elif op == "broadcast":
         result = np.broadcast_to(args[0], tuple(attrs["shape"]))
+    elif op == "slice":
+        result = _slice(args[0], attrs)
+    elif op == "concat":
+        result = np.concatenate(args, axis=attrs["axis"])
     elif op == "conv2d":
         result = _conv2d(args[0], args[1], attrs)
     elif op == "const":
@@ -139,7 +171,9 @@ def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: dict, out: TensorType
     else:
         raise ValueError(f"no numpy meaning for op {op!r}")
     # np.asarray(order="C"), not np.ascontiguousarray: the latter turns 0-d results into 1-d.
-    result = np.asarray(np.asarray(result).astype(NUMPY_DTYPES[out.dtype], copy=False), order="C")
+    with np.errstate(over="ignore", invalid="ignore"):  # rounding to f16 may overflow to inf
+        result = np.asarray(result).astype(NUMPY_DTYPES[out.dtype], copy=False)
+    result = np.asarray(result, order="C")
     if result.shape != out.shape:
         raise ValueError(f"{op}: computed shape {result.shape}, expected {out.shape}")
     return result

@@ -25,6 +25,7 @@ import numpy as np
 from kiln.ir.graph import TensorType
 from kiln.ir.interp import NUMPY_DTYPES, evaluate
 from kiln.ir.lir import Instr, Program
+from kiln.ir.ops import UNARY_OPS
 
 
 class LirExecError(RuntimeError):
@@ -98,7 +99,7 @@ def _elementwise(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> None:
     _put(dst, evaluate(instr.opcode, values, attrs, out))
 
 
-_COMBINE = {"sum": "add", "max": "maximum", "min": "minimum"}
+_COMBINE = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "mul"}
 
 
 def _reduce(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> None:
@@ -127,7 +128,7 @@ OPCODES: dict[str, Semantics] = {
     **{
         op: _elementwise
         for op in (
-            *("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu"),
+            *UNARY_OPS,
             *("add", "sub", "mul", "div", "maximum", "minimum", "pow"),
             *("lt", "le", "gt", "ge", "eq", "ne", "where", "cast"),
         )
@@ -135,6 +136,7 @@ OPCODES: dict[str, Semantics] = {
     "sum": _reduce,
     "max": _reduce,
     "min": _reduce,
+    "prod": _reduce,
     "transpose": _transpose,
     "fill": _fill,
 }

@@ -17,6 +17,12 @@ from typing import Any
 from kiln.ir.graph import TensorType
 
 FLOAT_DTYPES = ("f32", "f16", "bf16")
+# Elementwise unary ops every backend implements natively; kiln.lang composes the rest
+# (silu, softplus, clip, ...) from these. The vISA and LIR op tables read this tuple.
+UNARY_OPS = (
+    *("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu"),
+    *("erf", "log1p", "expm1", "floor", "ceil", "round"),
+)
 
 
 class OpTypeError(ValueError):
@@ -26,7 +32,7 @@ class OpTypeError(ValueError):
 @dataclass(frozen=True, slots=True)
 class OpDef:
     name: str
-    kind: str  # source | unary | binary | compare | select | cast | reduce | matmul | layout | conv
+    kind: str  # source unary binary compare select cast reduce matmul layout concat conv
     arity: int  # -1: no fixed arity
     infer: Callable[[Sequence[TensorType], dict], TensorType] | None
     numpy: Callable[..., Any] | None  # (inputs: list[ndarray], attrs: dict) -> ndarray
@@ -143,6 +149,37 @@ def _infer_broadcast(types, attrs):
     return TensorType(shape, t.dtype)
 
 
+def _infer_slice(types, attrs):
+    (t,) = types
+    starts, steps, sizes = (tuple(attrs[k]) for k in ("starts", "steps", "sizes"))
+    if not len(starts) == len(steps) == len(sizes) == t.rank:
+        raise OpTypeError(f"slice: needs one start, step and size per axis of {t}")
+    for axis, (dim, start, step, size) in enumerate(
+        zip(t.shape, starts, steps, sizes, strict=False)
+    ):
+        if step < 1 or size < 0 or start < 0 or (size and start + (size - 1) * step >= dim):
+            raise OpTypeError(
+                f"slice: axis {axis} of {t}: start {start}, step {step}, size {size} "
+                "leaves the tensor"
+            )
+    return TensorType(sizes, t.dtype)
+
+
+def _infer_concat(types, attrs):
+    axis = attrs["axis"]
+    first = types[0]
+    if not 0 <= axis < first.rank:
+        raise OpTypeError(f"concat: axis {axis} invalid for rank {first.rank}")
+    for t in types[1:]:
+        same = t.rank == first.rank and all(
+            d == e for i, (d, e) in enumerate(zip(t.shape, first.shape, strict=False)) if i != axis
+        )
+        if not same or t.dtype != first.dtype:
+            raise OpTypeError(f"concat: {t} does not match {first} off axis {axis}")
+    size = sum(t.shape[axis] for t in types)
+    return TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1 :], first.dtype)
+
+
 def conv2d_shape(x: tuple[int, ...], w: tuple[int, ...], attrs: dict) -> tuple[int, ...]:
     n, h, wd, c = x
     kh, kw, wc, f = w
@@ -176,18 +213,20 @@ _register("arg", "source", 0, None)
 _register("const", "source", 0, None)
 for _name in ("add", "sub", "mul", "div", "maximum", "minimum", "pow"):
     _register(_name, "binary", 2, _infer_elementwise(_name))
-for _name in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu"):
+for _name in UNARY_OPS:
     _register(_name, "unary", 1, _infer_float_unary(_name))
 for _name in ("lt", "le", "gt", "ge", "eq", "ne"):
     _register(_name, "compare", 2, _infer_compare)
 _register("where", "select", 3, _infer_where)
 _register("cast", "cast", 1, _infer_cast)
-for _name in ("sum", "max", "min", "mean"):
+for _name in ("sum", "max", "min", "mean", "prod"):
     _register(_name, "reduce", 1, _infer_reduce)
 _register("matmul", "matmul", 2, _infer_matmul)
 _register("transpose", "layout", 1, _infer_transpose)
 _register("reshape", "layout", 1, _infer_reshape)
 _register("broadcast", "layout", 1, _infer_broadcast)
+_register("slice", "layout", 1, _infer_slice)
+_register("concat", "concat", -1, _infer_concat)
 _register("conv2d", "conv", 2, _infer_conv2d)
 
 

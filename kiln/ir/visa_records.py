@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.ir.ops import UNARY_OPS
+
 VISA_VERSION = 1
 ROLES = ("input", "output", "scratch")
 DTYPES = ("f32", "f16", "bf16", "i32", "bool")
@@ -151,7 +153,7 @@ def _op(name: str, kind: str, unit: str, arity: int, attrs: tuple[str, ...] = ()
 _op("load", "load", "dma", 1)
 _op("store", "store", "dma", 1)
 _op("mma", "mma", "tensor", 2, ("acc",))
-for _name in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu"):
+for _name in UNARY_OPS:
     _op(_name, "unary", "vector", 1)
 for _name in ("add", "sub", "mul", "div", "maximum", "minimum", "pow"):
     _op(_name, "binary", "vector", 2)
@@ -159,7 +161,7 @@ for _name in ("lt", "le", "gt", "ge", "eq", "ne"):
     _op(_name, "compare", "vector", 2)
 _op("where", "select", "vector", 3)
 _op("cast", "cast", "vector", 1)
-for _name in ("sum", "max", "min"):
+for _name in ("sum", "max", "min", "prod"):
     _op(_name, "reduce", "vector", 1, ("acc", "axes"))
 _op("transpose", "transpose", "vector", 1, ("perm",))
 _op("fill", "fill", "vector", 1)

@@ -142,7 +142,9 @@ def _check_reduce(c: _Ctx, instr: Instr) -> None:
     kept = tuple(1 if i in axes else d for i, d in enumerate(src.shape))
     _need(instr.dst.shape == kept, f"result shape {instr.dst.shape} != {kept}")
     s, d = c.dtype(src), c.dtype(instr.dst)
-    _need(d == s or (instr.op == "sum" and d == acc_dtype(s)), f"cannot reduce {s} into {d}")
+    _need(
+        d == s or (instr.op in ("sum", "prod") and d == acc_dtype(s)), f"cannot reduce {s} into {d}"
+    )
 
 
 def _check_transpose(c: _Ctx, instr: Instr) -> None:

@@ -3,8 +3,37 @@
 Everything here is re-exported from ``kiln`` (``from kiln import device, Tensor``).
 """
 
+# The Tensor class first: the op modules below build on it (isort: split keeps the order).
+from kiln.lang.tensor import Tensor, TensorSpec  # isort: split
+
+from kiln.lang.contractions import dot, einsum
+from kiln.lang.conv import conv, conv_dgrad, conv_wgrad
 from kiln.lang.device import DeviceFunction, device, dispatching
-from kiln.lang.dtypes import bf16, f16, f32, i32
+from kiln.lang.dtypes import bf16, bool_, f16, f32, i32
+from kiln.lang.elementwise import (
+    INF,
+    ceil,
+    clip,
+    erf,
+    expm1,
+    floor,
+    full,
+    full_like,
+    gelu,
+    log1p,
+    logical_and,
+    logical_or,
+    logical_xor,
+    ones_like,
+    reciprocal,
+    round,
+    sign,
+    silu,
+    softplus,
+    square,
+    zeros_like,
+)
+from kiln.lang.errors import unknown_name
 from kiln.lang.functions import (
     absolute,
     add,
@@ -14,7 +43,6 @@ from kiln.lang.functions import (
     divide,
     equal,
     exp,
-    gelu,
     greater,
     greater_equal,
     less,
@@ -43,57 +71,129 @@ from kiln.lang.functions import (
     transpose,
     where,
 )
-from kiln.lang.tensor import Tensor, TensorSpec
+from kiln.lang.reductions import (
+    arange,
+    argmax,
+    argmin,
+    log_softmax,
+    logsumexp,
+    prod,
+    softmax,
+    std,
+    var,
+)
+from kiln.lang.shapes import (
+    concatenate,
+    expand_dims,
+    flatten,
+    flip,
+    matrix_transpose,
+    moveaxis,
+    squeeze,
+    stack,
+    swapaxes,
+)
 from kiln.lang.tracer import trace
 
 abs = absolute  # noqa: A001  (NumPy's short name)
+inf = INF
 
 __all__ = [
     "DeviceFunction",
+    "INF",
     "Tensor",
     "TensorSpec",
     "abs",
     "absolute",
     "add",
+    "arange",
+    "argmax",
+    "argmin",
     "bf16",
+    "bool_",
     "broadcast_to",
     "cast",
+    "ceil",
+    "clip",
+    "concatenate",
+    "conv",
     "conv2d",
+    "conv_dgrad",
+    "conv_wgrad",
     "device",
     "dispatching",
     "divide",
+    "dot",
+    "einsum",
     "equal",
+    "erf",
     "exp",
+    "expand_dims",
+    "expm1",
     "f16",
     "f32",
+    "flatten",
+    "flip",
+    "floor",
+    "full",
+    "full_like",
     "gelu",
     "greater",
     "greater_equal",
     "i32",
+    "inf",
     "less",
     "less_equal",
     "log",
+    "log1p",
+    "log_softmax",
+    "logical_and",
     "logical_not",
+    "logical_or",
+    "logical_xor",
+    "logsumexp",
     "matmul",
+    "matrix_transpose",
     "max",
     "maximum",
     "mean",
     "min",
     "minimum",
+    "moveaxis",
     "multiply",
     "negative",
     "not_equal",
+    "ones_like",
     "permute",
     "power",
+    "prod",
+    "reciprocal",
     "relu",
     "reshape",
+    "round",
     "rsqrt",
     "sigmoid",
+    "sign",
+    "silu",
+    "softmax",
+    "softplus",
     "sqrt",
+    "square",
+    "squeeze",
+    "stack",
+    "std",
     "subtract",
     "sum",
+    "swapaxes",
     "tanh",
     "trace",
     "transpose",
+    "var",
     "where",
+    "zeros_like",
 ]
+
+
+def __getattr__(name: str):
+    """``kiln.fft``: a TraceError with the nearest op names, not a bare AttributeError."""
+    raise unknown_name("kiln", name, __all__)

@@ -21,6 +21,7 @@ f32 = "f32"
 f16 = "f16"
 bf16 = "bf16"
 i32 = "i32"
+bool_ = "bool"  # NumPy's spelling; comparisons make bool tensors
 # ``bool`` is internal: comparisons make it, ``where`` and casts consume it.
 
 KERNEL_DTYPES = ("f32", "f16", "bf16", "i32")  # what kernel arguments may be

@@ -33,8 +33,27 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+DOCS_NOTE = "docs/language.md lists every op with its NumPy equivalent"
+
+
 class UnsupportedAttributeError(TraceError, AttributeError):
     """``tensor.cumsum()`` and friends: a TraceError that ``hasattr`` still understands."""
+
+
+def unknown_name(owner: str, name: str, known) -> AttributeError:
+    """The error for ``kiln.<name>`` that is not an op: nearest names and where to look."""
+    import difflib
+
+    if name.startswith("__"):
+        return AttributeError(f"module {owner!r} has no attribute {name!r}")
+    close = difflib.get_close_matches(name, sorted(known), n=3)
+    return UnsupportedAttributeError(
+        f"{owner}.{name} is not a kiln op",
+        hint=("did you mean " + " or ".join(f"{owner}.{c}" for c in close) + "?")
+        if close
+        else None,
+        notes=[DOCS_NOTE],
+    )
 
 
 def _inside(path: str, root: str) -> bool:

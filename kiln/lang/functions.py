@@ -71,6 +71,11 @@ def _dtype(values: Sequence[Operand], rule: dict[str, str] | None) -> str:
     return rule.get(dtype, dtype) if rule else dtype
 
 
+def result_dtype(values: Sequence[Operand]) -> str:
+    """The dtype operands promote to (kiln.lang.dtypes tables)."""
+    return _dtype(values, None)
+
+
 def _normalize(label: str, values: Sequence[Any], rule: dict[str, str] | None) -> list[Tensor]:
     """Cast and broadcast operands to one dtype and shape (the graph normal form)."""
     values = [_operand(v, label) for v in values]
@@ -81,18 +86,18 @@ def _normalize(label: str, values: Sequence[Any], rule: dict[str, str] | None) -
 
 def _to(value: Operand, dtype: str, shape: tuple[int, ...]) -> Tensor:
     tensor = value if isinstance(value, Tensor) else constant(value, dtype)
-    return _broadcast(_cast(tensor, dtype), shape)
+    return broadcast_op(cast_to(tensor, dtype), shape)
 
 
-def _cast(x: Tensor, dtype: str) -> Tensor:
+def cast_to(x: Tensor, dtype: str) -> Tensor:
     return x if x.dtype == dtype else apply("cast", [x], dtype=dtype)
 
 
-def _broadcast(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+def broadcast_op(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     return x if x.shape == shape else apply("broadcast", [x], shape=shape)
 
 
-def _tensor(value: Any, label: str) -> Tensor:
+def as_tensor(value: Any, label: str) -> Tensor:
     value = _operand(value, label)
     if isinstance(value, Tensor):
         return value
@@ -104,7 +109,7 @@ def _binary(op: str, a: Any, b: Any, rule: dict[str, str] | None = None) -> Tens
     return apply(op, _normalize(_label(op), [a, b], rule))
 
 
-def _unary(op: str, x: Any, rule: dict[str, str] | None = None) -> Tensor:
+def unary(op: str, x: Any, rule: dict[str, str] | None = None) -> Tensor:
     return apply(op, _normalize(op, [x], rule))
 
 
@@ -163,52 +168,52 @@ def not_equal(a: Any, b: Any) -> Tensor:
 
 def logical_not(x: Any) -> Tensor:
     """``~mask`` for bool tensors (recorded as ``mask == False``)."""
-    x = _tensor(x, "~")
+    x = as_tensor(x, "~")
     if x.dtype != "bool":
         raise TraceError(f"'~' needs a bool tensor, got {x.dtype}: bitwise ops are not supported")
     return equal(x, False)
 
 
 def negative(x: Any) -> Tensor:
-    return _unary("neg", x, dtypes.ARITHMETIC)
+    return unary("neg", x, dtypes.ARITHMETIC)
 
 
 def absolute(x: Any) -> Tensor:
-    return _unary("abs", x, dtypes.ARITHMETIC)
+    return unary("abs", x, dtypes.ARITHMETIC)
 
 
 def relu(x: Any) -> Tensor:
-    return _unary("relu", x, dtypes.ARITHMETIC)
+    return unary("relu", x, dtypes.ARITHMETIC)
 
 
 def exp(x: Any) -> Tensor:
-    return _unary("exp", x, dtypes.NEEDS_FLOAT)
+    return unary("exp", x, dtypes.NEEDS_FLOAT)
 
 
 def log(x: Any) -> Tensor:
-    return _unary("log", x, dtypes.NEEDS_FLOAT)
+    return unary("log", x, dtypes.NEEDS_FLOAT)
 
 
 def sqrt(x: Any) -> Tensor:
-    return _unary("sqrt", x, dtypes.NEEDS_FLOAT)
+    return unary("sqrt", x, dtypes.NEEDS_FLOAT)
 
 
 def rsqrt(x: Any) -> Tensor:
     """``1 / sqrt(x)``."""
-    return _unary("rsqrt", x, dtypes.NEEDS_FLOAT)
+    return unary("rsqrt", x, dtypes.NEEDS_FLOAT)
 
 
 def tanh(x: Any) -> Tensor:
-    return _unary("tanh", x, dtypes.NEEDS_FLOAT)
+    return unary("tanh", x, dtypes.NEEDS_FLOAT)
 
 
 def sigmoid(x: Any) -> Tensor:
-    return _unary("sigmoid", x, dtypes.NEEDS_FLOAT)
+    return unary("sigmoid", x, dtypes.NEEDS_FLOAT)
 
 
 def gelu(x: Any) -> Tensor:
     """GELU, tanh approximation."""
-    return _unary("gelu", x, dtypes.NEEDS_FLOAT)
+    return unary("gelu", x, dtypes.NEEDS_FLOAT)
 
 
 def where(condition: Any, a: Any, b: Any) -> Tensor:
@@ -223,23 +228,23 @@ def cast(x: Any, dtype: Any) -> Tensor:
     """``x`` converted to ``dtype`` (a name like ``"f16"`` or a numpy dtype)."""
     name = dtypes.normalize(dtype)
     x = _operand(x, "cast")
-    return _cast(x, name) if isinstance(x, Tensor) else constant(x, name)
+    return cast_to(x, name) if isinstance(x, Tensor) else constant(x, name)
 
 
 def broadcast_to(x: Any, shape: Any) -> Tensor:
-    x = _tensor(x, "broadcast_to")
-    target = _int_tuple(shape, "broadcast_to")
+    x = as_tensor(x, "broadcast_to")
+    target = int_tuple(shape, "broadcast_to")
     try:
         ok = broadcast_shapes(x.shape, target) == target
     except OpTypeError:
         ok = False
     if not ok:
         raise TraceError(f"broadcast_to: cannot broadcast shape {x.shape} to {target}")
-    return _broadcast(x, target)
+    return broadcast_op(x, target)
 
 
 # -- reductions ------------------------------------------------------------------
-def _axes(x: Tensor, axis: Any, label: str) -> tuple[int, ...]:
+def axes_of(x: Tensor, axis: Any, label: str) -> tuple[int, ...]:
     if axis is None:
         return tuple(range(x.ndim))
     items = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
@@ -262,10 +267,10 @@ def _axes(x: Tensor, axis: Any, label: str) -> tuple[int, ...]:
 
 
 def _reduce(op: str, x: Any, axis: Any, keepdims: bool, rule: dict | None) -> Tensor:
-    x = _tensor(x, op)
+    x = as_tensor(x, op)
     if rule:
-        x = _cast(x, rule.get(x.dtype, x.dtype))
-    return apply(op, [x], axes=_axes(x, axis, op), keepdims=bool(keepdims))
+        x = cast_to(x, rule.get(x.dtype, x.dtype))
+    return apply(op, [x], axes=axes_of(x, axis, op), keepdims=bool(keepdims))
 
 
 def sum(x: Any, axis: Any = None, keepdims: bool = False) -> Tensor:  # noqa: A001
@@ -300,15 +305,15 @@ def matmul(a: Any, b: Any) -> Tensor:
             hint="the last dim of the left operand must equal the second-to-last of the right",
         )
     dtype = _dtype([a, b], dtypes.ARITHMETIC)
-    a, b = _cast(a, dtype), _cast(b, dtype)
+    a, b = cast_to(a, dtype), cast_to(b, dtype)
     a_vec, b_vec = a.ndim == 1, b.ndim == 1
     if a_vec:
         a = reshape(a, (1, ka))
     if b_vec:
         b = reshape(b, (kb, 1))
     batch = _common_shape("matmul batch dims", [a.shape[:-2], b.shape[:-2]])
-    a = _broadcast(a, batch + a.shape[-2:])
-    b = _broadcast(b, batch + b.shape[-2:])
+    a = broadcast_op(a, batch + a.shape[-2:])
+    b = broadcast_op(b, batch + b.shape[-2:])
     out = apply("matmul", [a, b])
     if a_vec or b_vec:  # drop the unit dims the vectors were given
         rows = () if a_vec else out.shape[-2:-1]
@@ -319,11 +324,11 @@ def matmul(a: Any, b: Any) -> Tensor:
 
 def transpose(x: Any, axes: Any = None) -> Tensor:
     """Permute axes (``None``: reverse them, like ``x.T``)."""
-    x = _tensor(x, "transpose")
+    x = as_tensor(x, "transpose")
     if axes is None:
         perm = tuple(range(x.ndim - 1, -1, -1))
     else:
-        perm = _int_tuple(axes, "transpose")
+        perm = int_tuple(axes, "transpose")
         perm = tuple(p + x.ndim if p < 0 else p for p in perm)
         if sorted(perm) != list(range(x.ndim)):
             raise TraceError(
@@ -344,8 +349,8 @@ def permute(x: Any, *dims: Any) -> Tensor:
 
 def reshape(x: Any, shape: Any) -> Tensor:
     """A new shape with the same number of elements; one dim may be -1."""
-    x = _tensor(x, "reshape")
-    dims = _int_tuple(shape, "reshape")
+    x = as_tensor(x, "reshape")
+    dims = int_tuple(shape, "reshape")
     known = math.prod(d for d in dims if d != -1)
     bad = dims.count(-1) > 1 or builtins.any(d < -1 or d == 0 for d in dims)
     if not bad and -1 in dims:
@@ -354,7 +359,7 @@ def reshape(x: Any, shape: Any) -> Tensor:
     if bad or math.prod(dims) != x.size:
         raise TraceError(
             f"reshape: cannot reshape a tensor of shape {x.shape} ({x.size} elements) "
-            f"into {_int_tuple(shape, 'reshape')}",
+            f"into {int_tuple(shape, 'reshape')}",
             hint="the new shape must have the same number of elements; at most one -1",
         )
     return x if dims == x.shape else apply("reshape", [x], shape=dims)
@@ -362,7 +367,7 @@ def reshape(x: Any, shape: Any) -> Tensor:
 
 def conv2d(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1) -> Tensor:
     """2-D convolution: NHWC input, HWIO weight (cross-correlation, like most frameworks)."""
-    x, w = _tensor(x, "conv2d"), _tensor(w, "conv2d")
+    x, w = as_tensor(x, "conv2d"), as_tensor(w, "conv2d")
     if x.ndim != 4 or w.ndim != 4:
         raise TraceError(
             f"conv2d needs an NHWC input and an HWIO weight (rank 4), got {x.shape} and {w.shape}"
@@ -373,11 +378,11 @@ def conv2d(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1)
         "dilation": _pair(dilation, "dilation", 1),
     }
     dtype = _dtype([x, w], dtypes.ARITHMETIC)
-    return apply("conv2d", [_cast(x, dtype), _cast(w, dtype)], **attrs)
+    return apply("conv2d", [cast_to(x, dtype), cast_to(w, dtype)], **attrs)
 
 
 def _pair(value: Any, name: str, least: int) -> tuple[int, int]:
-    pair = _int_tuple(value, f"conv2d {name}")
+    pair = int_tuple(value, f"conv2d {name}")
     pair = pair * 2 if len(pair) == 1 else pair
     if len(pair) != 2 or builtins.any(v < least for v in pair):
         raise TraceError(
@@ -386,7 +391,7 @@ def _pair(value: Any, name: str, least: int) -> tuple[int, int]:
     return pair
 
 
-def _int_tuple(value: Any, label: str) -> tuple[int, ...]:
+def int_tuple(value: Any, label: str) -> tuple[int, ...]:
     items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     if not builtins.all(
         isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in items

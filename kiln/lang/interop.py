@@ -11,7 +11,11 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import TraceError
+from kiln.lang import contractions as C
+from kiln.lang import elementwise as E
 from kiln.lang import functions as F
+from kiln.lang import reductions as R
+from kiln.lang import shapes as S
 
 UFUNCS = {
     np.add: F.add,
@@ -35,6 +39,17 @@ UFUNCS = {
     np.not_equal: F.not_equal,
     np.logical_not: F.logical_not,
     np.matmul: F.matmul,
+    np.logical_and: E.logical_and,
+    np.logical_or: E.logical_or,
+    np.logical_xor: E.logical_xor,
+    np.square: E.square,
+    np.reciprocal: E.reciprocal,
+    np.log1p: E.log1p,
+    np.expm1: E.expm1,
+    np.floor: E.floor,
+    np.ceil: E.ceil,
+    np.rint: E.round,
+    np.sign: E.sign,
 }
 
 FUNCTIONS = {
@@ -49,6 +64,25 @@ FUNCTIONS = {
     np.where: F.where,
     np.broadcast_to: F.broadcast_to,
     np.matmul: F.matmul,
+    np.clip: E.clip,
+    np.round: E.round,
+    np.prod: R.prod,
+    np.var: R.var,
+    np.std: R.std,
+    np.argmax: R.argmax,
+    np.argmin: R.argmin,
+    np.concatenate: S.concatenate,
+    np.stack: S.stack,
+    np.expand_dims: S.expand_dims,
+    np.squeeze: S.squeeze,
+    np.swapaxes: S.swapaxes,
+    np.moveaxis: S.moveaxis,
+    np.flip: S.flip,
+    np.dot: C.dot,
+    np.einsum: C.einsum,
+    np.zeros_like: E.zeros_like,
+    np.ones_like: E.ones_like,
+    np.full_like: E.full_like,
 }
 
 

@@ -10,7 +10,6 @@ The operators and methods below are one-liners over :mod:`kiln.lang.functions`.
 from __future__ import annotations
 
 import difflib
-import math
 import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -23,7 +22,8 @@ from kiln.errors import TraceError
 from kiln.ir.graph import AttrValue, Node, TensorType, make_attrs
 from kiln.ir.interp import evaluate
 from kiln.ir.ops import OpTypeError, infer
-from kiln.lang.errors import UnsupportedAttributeError
+from kiln.lang.errors import DOCS_NOTE, UnsupportedAttributeError
+from kiln.lang.methods import NumpyMethods
 
 Dim = str | int
 
@@ -142,11 +142,6 @@ def constant(value: bool | int | float, dtype: str) -> Tensor:
             raise TraceError(f"constant {value} does not fit in i32")
     else:
         value = float(value)
-        if not math.isfinite(value):
-            raise TraceError(
-                f"non-finite constant {value} is not supported (graph JSON has no inf/nan)",
-                hint="use a large finite value such as -3.0e38, or kiln.where with a mask",
-            )
     frozen = make_attrs(value=value)
     out = TensorType((), dtype)
     builder = _TRACING.get()
@@ -155,7 +150,7 @@ def constant(value: bool | int | float, dtype: str) -> Tensor:
     return Tensor._traced(builder, builder.add("const", (), frozen, out), out)
 
 
-class Tensor:
+class Tensor(NumpyMethods):
     """A kernel value. ``Tensor["M", "K"]`` in an annotation declares an argument's dims."""
 
     __slots__ = ("type", "_builder", "_node", "_array")
@@ -269,6 +264,27 @@ class Tensor:
     def __invert__(self):
         return F.logical_not(self)
 
+    def __and__(self, other):
+        return E.logical_and(self, other)
+
+    def __rand__(self, other):
+        return E.logical_and(other, self)
+
+    def __or__(self, other):
+        return E.logical_or(self, other)
+
+    def __ror__(self, other):
+        return E.logical_or(other, self)
+
+    def __xor__(self, other):
+        return E.logical_xor(self, other)
+
+    def __rxor__(self, other):
+        return E.logical_xor(other, self)
+
+    def __getitem__(self, key):
+        return S.getitem(self, key)
+
     def __lt__(self, other):
         return F.less(self, other)
 
@@ -312,8 +328,8 @@ class Tensor:
     def relu(self) -> Tensor:
         return F.relu(self)
 
-    def gelu(self) -> Tensor:
-        return F.gelu(self)
+    def gelu(self, approximate: str = "tanh") -> Tensor:
+        return E.gelu(self, approximate)
 
     def sum(self, axis=None, keepdims: bool = False) -> Tensor:
         return F.sum(self, axis, keepdims)
@@ -356,9 +372,12 @@ class Tensor:
     __int__ = __float__ = __index__ = __complex__ = _no_value
 
     def _no_indexing(self, *_: Any) -> Any:
-        raise TraceError("indexing, slicing and iteration of tensors are not supported")
+        raise TraceError(
+            "item assignment, iteration and 'in' are not supported on tensors",
+            hint="tensors are values: build a new one (kiln.where, kiln.concatenate, x[1:5])",
+        )
 
-    __getitem__ = __setitem__ = __iter__ = __contains__ = _no_indexing
+    __setitem__ = __iter__ = __contains__ = _no_indexing
 
     def __array__(self, *_: Any, **__: Any) -> Any:
         raise TraceError(
@@ -380,7 +399,7 @@ class Tensor:
         raise UnsupportedAttributeError(
             f"Tensor has no attribute {name!r}: it is not a kiln op",
             hint=("did you mean " + " or ".join(close) + "?") if close else None,
-            notes=["supported methods: " + ", ".join(sorted(public))],
+            notes=["supported methods: " + ", ".join(sorted(public)), DOCS_NOTE],
         )
 
 
@@ -393,5 +412,7 @@ def _varargs(values: tuple) -> Any:
     return values
 
 
-from kiln.lang import functions as F  # noqa: E402  (these build on Tensor above)
+from kiln.lang import elementwise as E  # noqa: E402
+from kiln.lang import functions as F  # noqa: E402
 from kiln.lang import interop  # noqa: E402
+from kiln.lang import shapes as S  # noqa: E402

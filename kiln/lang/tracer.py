@@ -123,7 +123,7 @@ def _arg_dtypes(
     fn: DeviceFunction, names: list[str], spec: Mapping[str, str] | str
 ) -> dict[str, str]:
     if isinstance(spec, str):
-        one = dt.normalize(spec, allow_bool=False)
+        one = dt.normalize(spec)
         return {name: one for name in names}
     default = next((spec[k] for k in DEFAULT_KEYS if k in spec), None)
     unknown = sorted(k for k in spec if k not in names and k not in DEFAULT_KEYS)
@@ -141,5 +141,5 @@ def _arg_dtypes(
                 f"no dtype for argument {name!r} of kernel {fn.__name__!r}",
                 hint="give a dtype for every argument, or a default under '*'",
             )
-        out[name] = dt.normalize(value, allow_bool=False)
+        out[name] = dt.normalize(value)
     return out

@@ -122,3 +122,26 @@ def test_golden_compiles_with_iree():
         extra_args=["--iree-llvmcpu-target-cpu=generic"],
     )
     assert len(vmfb) > 0
+
+
+def slice_concat_prod_graph() -> Graph:
+    """x[1:4, ::2] next to x[:3, :3] (a strided window and a concat), then a prod reduction."""
+    n: list[Node] = []
+    x = _node(n, "arg", (), (4, 6), name="x", index=0)
+    a = _node(n, "slice", (x,), (3, 3), starts=(1, 0), steps=(1, 2), sizes=(3, 3))
+    b = _node(n, "slice", (x,), (3, 3), starts=(0, 0), steps=(1, 1), sizes=(3, 3))
+    cat = _node(n, "concat", (a, b), (3, 6), axis=1)
+    out = _node(n, "prod", (cat,), (3,), axes=(1,), keepdims=False)
+    graph = Graph("slice_concat_prod", tuple(n), (out, cat))
+    graph.verify()
+    return graph
+
+
+def test_golden_slice_concat_prod():
+    text = to_mlir(slice_concat_prod_graph())
+    path = GOLDEN / "slice_concat_prod.mlir"
+    if os.environ.get("KILN_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert "tensor.extract_slice %arg0[1, 0][3, 3][1, 2]" in text
+    assert text.count("tensor.insert_slice") == 2
+    assert text == path.read_text()

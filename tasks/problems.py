@@ -1,0 +1,262 @@
+"""`kiln bench problem:NAME`: time a built-in problem without editing pipeline.yaml.
+
+Problems: conv (fwd, dgrad, wgrad in any layout), gemm, layernorm, softmax,
+attention. Each is a @device kernel made at the sizes given on the command
+line, traced, and run on the chosen target the way `kiln bench` runs a
+project kernel (sim: through every stage in-process; iree: compiled and
+cached; cpu: the numpy oracle). GFLOP/s counts the problem's nominal work
+(2 per multiply-add), not the extra ops of its lowering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kiln.errors import KilnError, TargetError
+
+PREFIX = "problem:"
+
+
+@dataclass
+class Problem:
+    label: str
+    body: Callable
+    shapes: list[tuple[int, ...]]
+    dtype: str
+    flops: float
+
+
+def _conv(a: argparse.Namespace) -> Problem:
+    import kiln
+
+    dims = a.dims
+    spatial = {1: (a.W,), 2: (a.H, a.W), 3: (a.D, a.H, a.W)}[dims]
+    taps = {1: (a.S,), 2: (a.R, a.S), 3: (a.T, a.R, a.S)}[dims]
+    last = a.layout.lower() in ("nhwc", "nwc", "ndhwc")
+    pad = a.pad if a.pad in ("same", "valid") else int(a.pad)
+    kw = dict(
+        stride=a.stride, padding=pad, dilation=a.dilation, groups=a.groups,
+        layout="NHWC" if last else "NCHW",
+    )  # fmt: skip
+    from kiln.lang.conv import ConvGeometry  # the shape rules conv itself uses
+
+    geo = ConvGeometry((a.N, *spatial, a.C), (*taps, a.C // a.groups, a.K), **_geo(kw))
+    x = (a.N, *spatial, a.C) if last else (a.N, a.C, *spatial)
+    w = (a.K, *taps, a.C // a.groups) if last else (a.K, a.C // a.groups, *taps)
+    y = (a.N, *geo.out, a.K) if last else (a.N, a.K, *geo.out)
+    work = 2.0 * a.N * a.K * (a.C // a.groups) * math.prod(geo.out) * math.prod(taps)
+    label = f"conv{dims}d-{a.mode} {a.layout} N{a.N} C{a.C} {'x'.join(map(str, spatial))} K{a.K}"
+    if a.mode == "fwd":
+        return Problem(label, lambda p, q: kiln.conv(p, q, **kw), [x, w], a.dtype, work)
+    if a.mode == "dgrad":
+        return Problem(label, lambda p, q: kiln.conv_dgrad(p, q, x, **kw), [y, w], a.dtype, work)
+    return Problem(label, lambda p, q: kiln.conv_wgrad(p, q, w, **kw), [x, y], a.dtype, work)
+
+
+def _geo(kw: dict) -> dict:
+    return {k: kw[k] for k in ("stride", "padding", "dilation", "groups")}
+
+
+def _gemm(a: argparse.Namespace) -> Problem:
+    return Problem(
+        f"gemm {a.M}x{a.N}x{a.K}",
+        lambda p, q: p @ q,
+        [(a.M, a.K), (a.K, a.N)],
+        a.dtype,
+        2.0 * a.M * a.N * a.K,
+    )
+
+
+def _layernorm(a: argparse.Namespace) -> Problem:
+    def body(x, g, b):
+        mean = x.mean(axis=-1, keepdims=True)
+        centered = x - mean
+        var = (centered * centered).mean(axis=-1, keepdims=True)
+        return centered * (var + 1e-5).rsqrt() * g + b
+
+    shapes = [(a.M, a.N), (a.N,), (a.N,)]
+    return Problem(f"layernorm {a.M}x{a.N}", body, shapes, a.dtype, 8.0 * a.M * a.N)
+
+
+def _softmax(a: argparse.Namespace) -> Problem:
+    import kiln
+
+    return Problem(
+        f"softmax {a.M}x{a.N}", lambda x: kiln.softmax(x), [(a.M, a.N)], a.dtype, 5.0 * a.M * a.N
+    )
+
+
+def _attention(a: argparse.Namespace) -> Problem:
+    import kiln
+
+    scale = 1.0 / math.sqrt(a.D)
+
+    def body(q, k, v):
+        return kiln.softmax((q @ k.mT) * scale) @ v
+
+    shape = (a.B, a.S, a.D)
+    work = 4.0 * a.B * a.S * a.S * a.D
+    return Problem(f"attention B{a.B} S{a.S} D{a.D}", body, [shape] * 3, a.dtype, work)
+
+
+def _flags(p: argparse.ArgumentParser, name: str) -> None:
+    add = p.add_argument
+    if name == "conv":
+        add("--dims", type=int, choices=(1, 2, 3), default=2)
+        add("--layout", default="nhwc", choices=("nhwc", "nchw", "nwc", "ncw", "ndhwc", "ncdhw"))
+        for flag, default in (("N", 1), ("C", 16), ("D", 8), ("H", 16), ("W", 16), ("K", 16)):
+            add(f"-{flag}", type=int, default=default)
+        for flag in ("T", "R", "S"):
+            add(f"-{flag}", type=int, default=3, help="filter depth/height/width")
+        add("--stride", type=int, default=1)
+        add("--dilation", type=int, default=1)
+        add("--pad", default="0", help="an int, 'same' or 'valid'")
+        add("--groups", type=int, default=1)
+        add("--mode", choices=("fwd", "dgrad", "wgrad"), default="fwd")
+    elif name == "gemm":
+        for flag in ("M", "N", "K"):
+            add(f"-{flag}", type=int, default=256)
+    elif name in ("layernorm", "softmax"):
+        add("-M", type=int, default=1024)
+        add("-N", type=int, default=1024)
+    elif name == "attention":
+        add("-B", type=int, default=4, help="batch x heads")
+        add("-S", type=int, default=128, help="sequence length")
+        add("-D", type=int, default=64, help="head dim")
+
+
+PROBLEMS: dict[str, Callable[[argparse.Namespace], Problem]] = {
+    "conv": _conv,
+    "gemm": _gemm,
+    "layernorm": _layernorm,
+    "softmax": _softmax,
+    "attention": _attention,
+}
+
+
+def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
+    """``problem:NAME`` and its flags (plus --target, --iter, ...) from `kiln bench` argv."""
+    names = [a for a in argv if a.startswith(PREFIX)]
+    name = names[0][len(PREFIX) :] if names else ""
+    if name not in PROBLEMS or len(names) != 1:
+        raise KilnError(
+            f"unknown benchmark problem {names[0] if names else ''!r}",
+            expected="one of: " + ", ".join(PREFIX + n for n in PROBLEMS),
+            found=" ".join(names) or "(none)",
+        )
+    p = argparse.ArgumentParser(prog=f"kiln bench {PREFIX}{name}", add_help=True)
+    p.add_argument("--target", default="cpu", metavar="T")
+    p.add_argument("--iter", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--output-format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--dtype", default="f32", choices=("f32", "f16", "bf16"))
+    _flags(p, name)
+    rest = [a for a in argv if a != names[0]]
+    return name, p.parse_args(rest)
+
+
+def _runner(target: str, device: int):
+    """A pipeline target when a project is here, else a built-in cpu / sim / iree-cpu."""
+    from kiln.runners.base import load_runner_class
+    from kiln.tasks.project import Project
+
+    try:
+        project = Project.find()
+        project.pipeline  # noqa: B018  (loads and validates pipeline.yaml)
+    except (KilnError, OSError):
+        project = None
+    if project is not None and any(t.name == target for t in project.pipeline.targets):
+        from kiln.tasks.running import make_runner
+
+        runner = make_runner(project, target)
+    elif target in ("iree-cpu", "iree"):
+        runner = load_runner_class("iree")(options={"device": "llvm-cpu"})
+    elif target == "cpu" or (target == "sim" and project is not None):
+        runner = load_runner_class(target)(machine=project.machine() if project else None)
+    else:
+        raise TargetError(
+            f"unknown target {target!r} for a benchmark problem",
+            expected="cpu, sim (inside a project), iree-cpu, or a target of pipeline.yaml",
+            found=target,
+        )
+    if device:
+        runner.options["device_index"] = device
+    reason = runner.unavailable()
+    if reason:
+        raise TargetError(f"target {target!r} is not available here: {reason}")
+    return runner
+
+
+def bench_problem(name: str, args: argparse.Namespace) -> list[dict]:
+    from kiln.runners.base import KernelArtifacts
+    from kiln.tasks.benching import time_runner
+
+    from kiln.inputs import random_inputs
+    from kiln.ir.cost import io_bytes
+    from kiln.lang import trace
+
+    problem = PROBLEMS[name](args)
+    kernel = make_kernel(name, problem.body, problem.shapes)
+    graph = trace(kernel, {}, problem.dtype)
+    inputs = random_inputs(name, [(a.shape, a.dtype) for a in graph.args])
+    runner = _runner(args.target, args.device)
+    row: dict = {"problem": problem.label, "target": args.target, "dtype": problem.dtype}
+    if runner.kind == "sim":
+        metrics = runner.run(compile_for_sim(graph, runner.machine), inputs).metrics
+        row.update(cycles=metrics.get("cycles"), sim_us=metrics.get("microseconds"))
+        return [row]
+    artifacts = KernelArtifacts(graph.name, graph, None, None, kernel)
+    samples = time_runner(runner, runner.prepare(artifacts), inputs, args.iter, args.warmup)
+    median = statistics.median(samples)
+    row.update(
+        median_ms=median * 1e3,
+        min_ms=min(samples) * 1e3,
+        gflops=problem.flops / median / 1e9,
+        gbps=io_bytes(graph) / median / 1e9,
+    )
+    return [row]
+
+
+def make_kernel(name: str, body: Callable, shapes: list[tuple[int, ...]]):
+    """A @device kernel named ``name`` over fixed-shape arguments that returns ``body(*args)``."""
+    from kiln import Tensor, device
+
+    def kernel(*args):
+        return body(*args)
+
+    params = [
+        inspect.Parameter(f"a{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for i in range(len(shapes))
+    ]
+    kernel.__signature__ = inspect.Signature(params)
+    kernel.__annotations__ = {p.name: Tensor[s] for p, s in zip(params, shapes, strict=True)}
+    kernel.__name__ = kernel.__qualname__ = name
+    return device(kernel)
+
+
+def compile_for_sim(graph, machine: dict):
+    """graph -> decoded EDF through every stage with default options (as `kiln compile`)."""
+    from kiln.stages import edf, lir, schedule, visa
+
+    from kiln.ir.edf import decode, encode
+
+    ir = graph
+    for stage in (visa, lir, schedule, edf):
+        ir = stage.run(ir, stage.Options(), machine)
+        stage.verify(ir, machine)
+    return decode(encode(ir))
+
+
+def run_problem_bench(argv: list[str]) -> int:
+    """Entry point of `kiln bench problem:NAME ...` (argv after 'bench')."""
+    from kiln.tasks.benching import render
+
+    name, args = parse(argv)
+    print(render(bench_problem(name, args), args.output_format), end="")
+    return 0

@@ -1,0 +1,64 @@
+"""`kiln bench problem:NAME`: built-in problems timed without a pipeline.yaml entry."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from kiln.tasks.problems import PROBLEMS, bench_problem, make_kernel, parse
+
+from kiln.errors import KilnError
+from kiln.lang import trace
+from tests.conftest import run_kiln
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["problem:gemm", "-M", "8", "-N", "4", "-K", "6"],
+        ["problem:layernorm", "-M", "4", "-N", "8"],
+        ["problem:softmax", "-M", "4", "-N", "8"],
+        ["problem:attention", "-B", "2", "-S", "4", "-D", "8"],
+        ["problem:conv", "--dims", "1", "-C", "3", "-W", "9", "-K", "4", "-S", "3"],
+        ["problem:conv", "--layout", "nchw", "-C", "4", "-H", "6", "-W", "5", "-K", "4",
+         "--groups", "2", "--stride", "2", "--pad", "same", "--mode", "dgrad"],
+        ["problem:conv", "--dims", "3", "--layout", "ndhwc", "-C", "2", "-D", "3", "-H", "4",
+         "-W", "4", "-K", "2", "-T", "2", "-R", "2", "-S", "2", "--mode", "wgrad"],
+    ],
+)  # fmt: skip
+def test_every_problem_times_on_cpu_with_nominal_flops(argv):
+    name, args = parse([*argv, "--iter", "1", "--warmup", "0"])
+    (row,) = bench_problem(name, args)
+    assert row["target"] == "cpu" and row["median_ms"] > 0 and row["gflops"] > 0
+
+
+def test_conv_problem_shapes_follow_the_layout():
+    _, args = parse(["problem:conv", "--layout", "nchw", "-N", "2", "-C", "4", "-H", "6",
+                     "-W", "6", "-K", "8", "--mode", "wgrad"])  # fmt: skip
+    problem = PROBLEMS["conv"](args)
+    kernel = make_kernel("conv", problem.body, problem.shapes)
+    graph = trace(kernel, {}, "f32")
+    assert [a.shape for a in graph.args] == [(2, 4, 6, 6), (2, 8, 4, 4)]
+    assert graph.output_nodes[0].shape == (8, 4, 3, 3)  # K, C, R, S
+    assert problem.flops == 2.0 * 2 * 8 * 4 * 16 * 9
+
+
+def test_unknown_problem_lists_the_known_ones():
+    with pytest.raises(KilnError, match="problem:conv, problem:gemm"):
+        parse(["problem:fft"])
+
+
+def test_cli_bench_problem_end_to_end(tmp_path):
+    proc = run_kiln(
+        tmp_path, "bench", "problem:gemm", "-M", "16", "-N", "8", "-K", "4",
+        "--iter", "2", "--output-format", "csv",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (row,) = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert row["problem"] == "gemm 16x8x4" and float(row["gflops"]) > 0
+    bad = run_kiln(tmp_path, "bench", "problem:conv", "--mode", "sideways")
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    sim = run_kiln(tmp_path, "bench", "problem:softmax", "--target", "sim")
+    assert sim.returncode == 2 and "sim (inside a project)" in sim.stderr
+    assert "Traceback" not in bad.stderr + sim.stderr
