@@ -1,7 +1,8 @@
-"""`python -m kiln`: the same as the `kiln` command."""
+"""`python -m kiln`: the same command as `kiln`."""
 
 import sys
 
 from kiln.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_doit(None, argv) or 0  # doit returns None for some commands (clean)
     except KilnError as err:
         _print_error(err, fmt)
-        return 2
+        return getattr(err, "exit_code", 2)
     except Abort as abort:  # a KilnError raised while doit loaded the tasks
         _print_error(abort.error, fmt)
         return 2
@@ -66,6 +66,8 @@ def _dispatch(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "message_format", None):
         os.environ["KILN_MESSAGE_FORMAT"] = args.message_format
+    if getattr(args, "no_wait", False):
+        os.environ["KILN_NO_WAIT"] = "1"  # read where the project lock is taken
     from kiln import commands, commands_cache
 
     if args.command == "cache":
@@ -89,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-p", "--package", action="append", default=[], metavar="PKG")
     c.add_argument("--shapes", metavar="NAME", help="only this shape set")
     c.add_argument("-n", "--process", type=int, default=0, metavar="N", help="parallel jobs")
+    _build_flags(c)
     for kind in DUMP_FLAGS:
         metavar = "DIR" if kind == "summary" else "FILE"
         c.add_argument(f"--dump-{kind}", metavar=metavar, type=Path)
@@ -107,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--shapes", metavar="NAME")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--save-outputs", type=Path, metavar="DIR")
+    _build_flags(r, fail_fast=False)
 
     i = sub.add_parser("inspect", help="decode an EDF kernel binary")
     i.add_argument("file", type=Path)
@@ -116,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--target", action="append", default=[], metavar="T")
     t.add_argument("--junit", type=Path, metavar="FILE")
     t.add_argument("--seed", type=int, default=0)
+    _build_flags(t)
 
     b = sub.add_parser(
         "bench", help="time kernels on a target (or problem:conv|gemm|layernorm|softmax|attention)"
@@ -126,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--device", type=int, default=0)
     b.add_argument("--output-format", choices=["table", "csv", "json"], default="table")
+    _build_flags(b)
     add_cache_parser(sub)
 
     u = sub.add_parser(
@@ -153,6 +159,24 @@ def _parser() -> argparse.ArgumentParser:
 
     add_parsers(sub)
     return p
+
+
+def _build_flags(parser: argparse.ArgumentParser, fail_fast: bool = True) -> None:
+    """Flags of every command that builds: the project lock and what a failure stops."""
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="fail at once (exit 2, naming the holder) when another build holds "
+        "the project lock, instead of waiting for it (env KILN_NO_WAIT=1)",
+    )
+    if fail_fast:
+        parser.add_argument(
+            "-x",
+            "--fail-fast",
+            action="store_true",
+            help="stop at the first failure; by default every kernel that can be "
+            "built is built and every failure reported",
+        )
 
 
 def _message_format(argv: list[str]) -> str:

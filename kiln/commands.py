@@ -13,6 +13,13 @@ def _project():
     return Project.find()
 
 
+def _locked(project):
+    """The project lock for a whole command: its build and what it reads back."""
+    from kiln.tasks.lock import project_lock
+
+    return project_lock(project.state_dir)
+
+
 def _select(project, filters, packages=(), shape_set=None):
     chosen = project.select(filters or None, list(packages) or None, shape_set)
     if not chosen:
@@ -48,16 +55,17 @@ def cmd_compile(args) -> int:
                 hint="name the kernel more precisely, e.g. `kiln compile "
                 f"{sorted(kernels)[0]} --dump-{next(iter(dumps))} FILE`",
             )
-    rc = compile_instances(project, instances, args.process)
-    if getattr(args, "profile", None):
-        from kiln.report.commands import write_profile
+    with _locked(project):
+        rc = compile_instances(project, instances, args.process, fail_fast=args.fail_fast)
+        if getattr(args, "profile", None):
+            from kiln.report.commands import write_profile
 
-        write_profile(project, args.profile)
-    if rc != 0:
-        return rc
-    for kind, path in dumps.items():
-        write_dump(project, instances[0], kind, path)
-        print(f"kiln: wrote {kind} dump of {instances[0].name} to {path}")
+            write_profile(project, args.profile)
+        if rc != 0:
+            return rc
+        for kind, path in dumps.items():
+            write_dump(project, instances[0], kind, path)
+            print(f"kiln: wrote {kind} dump of {instances[0].name} to {path}")
     return 0
 
 
@@ -107,9 +115,11 @@ def cmd_run(args) -> int:
                 f"--shapes picks a kernel's shape set; {app!r} is an app",
                 hint="an app's kernel calls pick their instances by the shapes they pass",
             )
-        return run_app(project, app, args.target, args.save_outputs)
+        with _locked(project):
+            return run_app(project, app, args.target, args.save_outputs)
     try:
-        return run_kernel(project, args)
+        with _locked(project):
+            return run_kernel(project, args)
     except KilnError as err:
         if project.pipeline.apps and err.message.startswith("no kernel"):
             err.notes.append("apps: " + ", ".join(a.name for a in project.pipeline.apps))
@@ -131,8 +141,10 @@ def cmd_test(args) -> int:
     if app is not None:
         from kiln.tasks.apps import test_app
 
-        return test_app(project, app, args.target, args.junit)
-    return run_tests(project, args)
+        with _locked(project):
+            return test_app(project, app, args.target, args.junit)
+    with _locked(project):
+        return run_tests(project, args)
 
 
 def cmd_bench(args) -> int:
@@ -145,8 +157,9 @@ def cmd_bench(args) -> int:
                 expected=f"{flag} N with N >= {least}",
                 found=str(value),
             )
-
-    return run_bench(_project(), args)
+    project = _project()
+    with _locked(project):
+        return run_bench(project, args)
 
 
 def cmd_tune(args) -> int:

@@ -202,3 +202,9 @@ def environment_error(exc: OSError, doing: str | None = None) -> EnvironmentProb
         Location(str(path)) if path else None,
         hint=_OS_HINTS.get(code, "fix the file system problem above and run again"),
     )
+
+
+class BuildFailed(KilnError):
+    """Some kernels did not build; their diagnostics were printed already (exit 1)."""
+
+    exit_code = 1

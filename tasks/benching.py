@@ -98,17 +98,20 @@ def run_bench(project, args) -> int:
     import contextlib
     import sys
 
-    from kiln.tasks.running import build
+    from kiln.tasks.running import build_each
 
     from kiln.commands import _select
 
     instances = _select(project, args.filters)
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the table/CSV/JSON
-        build(project, instances)
-    rows = bench_rows(project, instances, args.target, args.iter, args.warmup, args.device)
+        unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
+    built = [inst for inst in instances if inst.name not in unbuilt]
+    rows = bench_rows(project, built, args.target, args.iter, args.warmup, args.device)
     from kiln.tasks.results import save_bench_row
 
-    for inst, row in zip(instances, rows, strict=True):
+    for inst, row in zip(built, rows, strict=True):
         save_bench_row(inst.out_dir, row)  # the last numbers, for `kiln view`
     print(render(rows, args.output_format), end="")
-    return 0
+    for name in unbuilt:
+        print(f"kiln bench: {name} not timed: it did not build", file=sys.stderr)
+    return 1 if unbuilt else 0

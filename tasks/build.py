@@ -11,18 +11,34 @@ from doit.doit_cmd import DoitMain
 from kiln.tasks.compile import DUMP_FILES, stage_artifact
 from kiln.tasks.executor import resolve_executor
 from kiln.tasks.importpath import add_project_root
-from kiln.tasks.loader import KilnLoader
+from kiln.tasks.loader import KilnLoader, doit_command, lock_for_command
+from kiln.tasks.lock import release
 from kiln.tasks.project import KernelInstance, Project
 
 from kiln.errors import KilnError
 
 
-def run_doit(project: Project | None, argv: list[str]) -> int:
-    """Run a doit command line against the project's tasks; returns doit's exit code."""
-    return DoitMain(KilnLoader(project)).run(argv)
+def run_doit(project: Project | None, argv: list[str], *, fail_fast: bool = False) -> int:
+    """Run a doit command line against the project's tasks; returns doit's exit code.
+
+    Commands that run or change tasks hold the project lock while they run.
+    A failed task does not stop the others unless ``fail_fast``.
+    """
+    loader = KilnLoader(project, fail_fast=fail_fast)
+    if doit_command(argv) is None:
+        return DoitMain(loader).run(argv)
+    locked = lock_for_command(loader.project, argv)
+    try:
+        return DoitMain(loader).run(argv)
+    finally:
+        if locked:
+            release(loader.project.state_dir)
 
 
-def compile_instances(project: Project, instances: list[KernelInstance], jobs: int = 0) -> int:
+def compile_instances(
+    project: Project, instances: list[KernelInstance], jobs: int = 0, *, fail_fast: bool = False
+) -> int:
+    """Build ``instances``; 0 when all built, 1 when any failed (the others are still built)."""
     last = project.pipeline.stages[-1].name
     # one id for this build's processes: they share the remote cache's breaker
     os.environ.setdefault("KILN_BUILD_ID", f"{os.getpid()}-{time.time_ns()}")
@@ -35,11 +51,12 @@ def compile_instances(project: Project, instances: list[KernelInstance], jobs: i
         prestart(executor)
         # actions submit to Dask and wait: doit's thread runner gives the parallelism
         argv = ["run", "-P", "thread", "-n", str(max(jobs, 4)), *names]
-        try:
-            return run_doit(project, argv)
-        finally:
+    try:
+        rc = run_doit(project, argv, fail_fast=fail_fast)
+    finally:
+        if executor is not None:
             close_clients()
-    return run_doit(project, argv)
+    return 1 if rc == 2 else rc  # doit's 2: a task not run because its input failed
 
 
 def write_dump(project: Project, inst: KernelInstance, kind: str, path: Path) -> None:

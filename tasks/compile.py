@@ -173,5 +173,8 @@ def _clean(directory: str, targets: list[str], out_root: str, state_dir: str) ->
 def _run_stage(spec: dict):
     # Imported here so that loading tasks never imports numpy or the stages.
     from kiln.tasks.actions import run_stage
+    from kiln.tasks.workers import guard_worker
+
+    guard_worker()  # an -n worker exits when its build dies
 
     return run_stage(spec)

@@ -26,7 +26,10 @@ def write_junit(path: Path, reports: list[dict]) -> None:
             ET.SubElement(case, "failure", message="output differs from the cpu oracle").text = text
         elif status == "error":
             counts["error"] += 1
-            ET.SubElement(case, "error", message="target failed to run").text = r["message"]
+            message = (
+                "kernel failed to build" if r.get("stage") == "compile" else "target failed to run"
+            )
+            ET.SubElement(case, "error", message=message).text = r["message"]
         elif status == "skipped":
             counts["skipped"] += 1
             ET.SubElement(case, "skipped", message=r["reason"])

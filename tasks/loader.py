@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sys
@@ -12,7 +11,9 @@ from pathlib import Path
 from doit.cmd_base import TaskLoader2
 from doit.loader import generate_tasks
 from kiln.tasks.compile import compile_tasks
+from kiln.tasks.lock import acquire
 from kiln.tasks.project import Project
+from kiln.tasks.workers import prepare_workers
 
 from kiln.errors import Abort, KilnError, environment_error
 from kiln.logconfig import get_logger, setup_logging
@@ -20,17 +21,20 @@ from kiln.logconfig import get_logger, setup_logging
 log = get_logger("tasks")
 
 # doit commands that execute or change task state take the project lock
-LOCKING_COMMANDS = {"run", "clean", "forget", "ignore", "reset-dep"}
+LOCKING_COMMANDS = {"run", "clean", "forget", "ignore", "reset-dep", "strace"}
+# doit options (before the command name) that take a value
+VALUED_OPTIONS = {"-f", "--file", "-d", "--dir", "-k", "--seek-file"}
+FAIL_FAST_ENV = "KILN_FAIL_FAST"
 
-_lock_file = None
 
-
-def doit_config(project: Project) -> dict:
+def doit_config(project: Project, *, fail_fast: bool = False) -> dict:
+    """DOIT_CONFIG of a project: a failed task does not stop the others unless fail-fast."""
     from kiln.statefiles import ensure_sound_db
 
     project.state_dir.mkdir(parents=True, exist_ok=True)
     ensure_sound_db(project.state_dir / "doit.sqlite3")
     check = project.pipeline.cache_check
+    fail_fast = fail_fast or fail_fast_requested()
     return {
         "dep_file": str(project.state_dir / "doit.sqlite3"),
         "backend": "sqlite3",
@@ -38,33 +42,43 @@ def doit_config(project: Project) -> dict:
         "reporter": _reporter_class(project),
         "default_tasks": ["compile"],
         "verbosity": 1,
+        "continue": not fail_fast,
     }
 
 
-def acquire_lock(project: Project) -> None:
-    """One build per project at a time; a second one waits, saying so."""
-    global _lock_file
-    if _lock_file is not None:
-        return
-    path = project.state_dir / "lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        print(
-            f"kiln: waiting for {holder} to finish with {project.root} ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        fcntl.flock(f, fcntl.LOCK_EX)
-    f.seek(0)
-    f.truncate()
-    f.write(f"kiln build (pid {os.getpid()})\n")
-    f.flush()
-    _lock_file = f
+def fail_fast_requested() -> bool:
+    """KILN_FAIL_FAST=1: stop at the first failure (for plain `doit` too)."""
+    return os.environ.get(FAIL_FAST_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def doit_command(argv: list[str]) -> str | None:
+    """The doit command an argument list runs (doit's default is `run`); None for --help."""
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--help", "--version", "help"):
+            return None
+        if arg in VALUED_OPTIONS:
+            next(args, None)
+            continue
+        if arg.startswith("-"):
+            continue
+        from doit.doit_cmd import DoitMain
+
+        names = {cls.get_name() for cls in DoitMain.DOIT_CMDS}
+        return arg if arg in names else "run"
+    return "run"
+
+
+def lock_for_command(project: Project, argv: list[str], *, wait: bool | None = None) -> bool:
+    """Take the project lock when ``argv`` runs or changes tasks; True if taken.
+
+    Such a command may also start `-n` workers: they are prepared here too.
+    """
+    if doit_command(argv) not in LOCKING_COMMANDS:
+        return False
+    prepare_workers(worker_modules(project))
+    acquire(project.state_dir, wait=wait)
+    return True
 
 
 def all_task_dicts(project: Project, instances=None):
@@ -83,10 +97,11 @@ def all_task_dicts(project: Project, instances=None):
 class KilnLoader(TaskLoader2):
     """Builds doit tasks straight from pipeline.yaml: no dodo.py needed."""
 
-    def __init__(self, project: Project | None = None, instances=None):
+    def __init__(self, project: Project | None = None, instances=None, *, fail_fast=False):
         super().__init__()
         self._project = project
         self._instances = instances
+        self._fail_fast = fail_fast
 
     @property
     def project(self) -> Project:
@@ -99,12 +114,10 @@ class KilnLoader(TaskLoader2):
 
     def load_doit_config(self):
         with user_errors_abort():
-            return doit_config(self.project)
+            return doit_config(self.project, fail_fast=self._fail_fast)
 
     def load_tasks(self, cmd, pos_args):
         with user_errors_abort():
-            if cmd.name in LOCKING_COMMANDS:
-                acquire_lock(self.project)
             tasks = []
             for basename, gen in all_task_dicts(self.project, self._instances):
                 tasks.extend(generate_tasks(basename, gen))
@@ -140,6 +153,9 @@ def dodo_namespace(start: Path | None = None) -> dict:
     setup_logging()
     with exit_on_user_error():
         project = Project.find(start)
+        # plain doit: the lock is held until the process exits; a busy lock with
+        # KILN_NO_WAIT or a bad KILN_MP_START is one message and exit 2
+        lock_for_command(project, sys.argv[1:])
         ns: dict = {"DOIT_CONFIG": doit_config(project)}
     for basename, gen in all_task_dicts(project):
 
@@ -167,8 +183,15 @@ def exit_on_user_error():
         raise SystemExit(2) from None
 
 
+def worker_modules(project: Project) -> list[str]:
+    """What a worker imports to run tasks: the parent imports it before forking them."""
+    return ["kiln.tasks.actions", *(stage.module for stage in project.pipeline.stages)]
+
+
 def _reporter_class(project: Project):
     from kiln.tasks.reporter import KilnReporter
 
-    # doit hands a reporter only its own options: bind where results are recorded
-    return type("KilnReporter", (KilnReporter,), {"results_dir": project.state_dir})
+    # doit hands a reporter only its own options: say where results are recorded on
+    # the class itself, which stays importable by name (`-n` under spawn pickles it)
+    KilnReporter.results_dir = project.state_dir
+    return KilnReporter

@@ -15,6 +15,19 @@ from pathlib import Path
 
 from kiln.tasks.actions import DIAGNOSTIC_MARK
 
+# task name -> diagnostic (a dict) or plain message, of the last run in this process
+_last_failures: dict[str, dict | str] = {}
+_last_blocked: list[str] = []
+
+
+def last_run_failures() -> tuple[dict[str, dict | str], list[str]]:
+    """What the last build in this process could not do: (failed tasks, tasks not run).
+
+    A failed task maps to its diagnostic (a dict) or its plain message; a
+    task not run is one whose input was produced by a failed task.
+    """
+    return dict(_last_failures), list(_last_blocked)
+
 
 def diagnostic_from_failure(fail) -> dict | None:
     message = getattr(fail, "message", "") or ""
@@ -65,8 +78,11 @@ class KilnReporter:
         self.uptodate = 0
         self.failures: list[tuple[str, object]] = []
         self.cache_counts = {"hit": 0, "fetched": 0, "compiled": 0}
+        self.blocked: list[str] = []
         self.progress = None
         self.bar = None
+        _last_failures.clear()
+        _last_blocked.clear()
         # the build profile and failures `kiln view` shows (see tasks/results.py)
         self.state_dir = self.results_dir
         self.started: dict[str, float] = {}
@@ -108,9 +124,17 @@ class KilnReporter:
             self._write(f". {task.name}\n")
 
     def add_failure(self, task, fail):
-        self.failures.append((task.name, fail))
+        from doit.exceptions import UnmetDependency
+
         self._advance()
+        if isinstance(fail, UnmetDependency):
+            # its input failed and was reported: one diagnostic per failure, not per dependent
+            self.blocked.append(task.name)
+            _last_blocked.append(task.name)
+            return
+        self.failures.append((task.name, fail))
         diag = diagnostic_from_failure(fail)
+        _last_failures[task.name] = diag if diag is not None else fail.get_msg().strip()
         self._record(task, "failed", diag or {"kind": "error", "message": fail.get_msg().strip()})
         if self.format == "json":
             if diag is None:
@@ -171,18 +195,27 @@ class KilnReporter:
                         "ran": len(self.ran),
                         "up_to_date": self.uptodate,
                         "failed": len(self.failures),
+                        "not_run": len(self.blocked),
+                        "failed_tasks": [name for name, _ in self.failures],
                     }
                 )
                 + "\n"
             )
             return
-        total = len(self.ran) + self.uptodate + len(self.failures)
+        if self.failures:
+            self._err(f"kiln: {len(self.failures)} failed:\n")
+            for name, fail in self.failures:
+                diag = diagnostic_from_failure(fail)
+                where = _where(diag)
+                self._err(f"  {name}" + (f" ({where})" if where else "") + "\n")
+        total = len(self.ran) + self.uptodate + len(self.failures) + len(self.blocked)
+        blocked = f", {len(self.blocked)} not run (an input failed)" if self.blocked else ""
         cache_part = (
             f" ({fetched} fetched, {counts['compiled']} compiled)" if any(counts.values()) else ""
         )
         self._write(
             f"kiln: {total} tasks: {len(self.ran)} ran, {self.uptodate} up to date, "
-            f"{len(self.failures)} failed{cache_part}\n"
+            f"{len(self.failures)} failed{blocked}{cache_part}\n"
         )
 
     # -- helpers ----------------------------------------------------------
@@ -237,6 +270,13 @@ class KilnReporter:
         else:
             self.err.write(text)
             self.err.flush()
+
+
+def _where(diag: dict | None) -> str:
+    """file:line of a diagnostic, for the list of failures at the end."""
+    if not diag or not diag.get("file"):
+        return ""
+    return diag["file"] + (f":{diag['line']}" if diag.get("line") else "")
 
 
 def assign_workers(records: list[dict]) -> None:

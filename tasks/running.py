@@ -9,7 +9,7 @@ from kiln.tasks.compile import stage_artifact
 from kiln.tasks.importpath import add_project_root
 from kiln.tasks.project import KernelInstance, Project
 
-from kiln.errors import KilnError, TargetError
+from kiln.errors import BuildFailed, KilnError, TargetError
 
 
 def load_function(project: Project, inst: KernelInstance):
@@ -52,11 +52,45 @@ def make_runner(project: Project, target: str):
 
 
 def build(project: Project, instances: list[KernelInstance]) -> None:
-    from kiln.tasks.build import compile_instances
+    """Build ``instances``; BuildFailed (exit 1) when any did not build."""
+    problems = build_each(project, instances)
+    if problems:
+        names = ", ".join(problems)
+        raise BuildFailed(f"{len(problems)} kernel instance(s) did not build: {names}")
 
-    rc = compile_instances(project, instances)
-    if rc != 0:
-        raise KilnError(f"compile failed (doit exit code {rc}); see the messages above")
+
+def build_each(
+    project: Project, instances: list[KernelInstance], *, fail_fast: bool = False
+) -> dict[str, str]:
+    """Build every instance that can be built: instance name -> why it did not build.
+
+    Each failure was reported by the build; with ``fail_fast`` the build
+    stops at the first, and BuildFailed is raised instead.
+    """
+    from kiln.tasks.build import compile_instances
+    from kiln.tasks.loader import fail_fast_requested
+    from kiln.tasks.reporter import last_run_failures, render_diagnostic
+
+    fail_fast = fail_fast or fail_fast_requested()
+    rc = compile_instances(project, instances, fail_fast=fail_fast)
+    if rc == 0:
+        return {}
+    if fail_fast:
+        raise BuildFailed("the build stopped at the first failure (--fail-fast)")
+    failed, blocked = last_run_failures()
+    problems: dict[str, str] = {}
+    for inst in instances:
+        prefix = f"compile:{inst.name}."
+        mine = [(name, why) for name, why in failed.items() if name.startswith(prefix)]
+        if mine:
+            name, why = mine[0]
+            text = render_diagnostic(why) if isinstance(why, dict) else why
+            problems[inst.name] = f"{name} failed:\n{text}"
+        elif any(name.startswith(prefix) for name in blocked):
+            problems[inst.name] = f"{inst.name} was not built: an input of it failed to build"
+    if not problems:  # a failure outside any instance's tasks: nothing can be trusted
+        raise BuildFailed(f"the build failed (doit exit code {rc}); see the messages above")
+    return problems
 
 
 def run_kernel(project: Project, args) -> int:

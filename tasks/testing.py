@@ -110,9 +110,23 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+def build_error_report(inst: KernelInstance, target: str, seed: int, why: str) -> dict:
+    """The report of a target that could not be tested because the kernel did not build."""
+    return {
+        "kernel": inst.name,
+        "path": inst.source.path,
+        "target": target,
+        "seed": seed,
+        "status": "error",
+        "stage": "compile",
+        "message": why,
+        "seconds": 0.0,
+    }
+
+
 def run_tests(project: Project, args) -> int:
     from kiln.tasks.results import save_test_report
-    from kiln.tasks.running import build
+    from kiln.tasks.running import build_each
 
     from kiln.commands import _select
     from kiln.fsutil import write_bytes_atomic
@@ -123,10 +137,15 @@ def run_tests(project: Project, args) -> int:
         from kiln.tasks.running import make_runner
 
         make_runner(project, t)  # unknown target: error before building anything
-    build(project, instances)
+    # every instance that builds is tested; one that does not is an error of each target
+    unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
     reports = []
     for inst in instances:
-        for report in check_instance(project, inst, targets, args.seed):
+        if inst.name in unbuilt:
+            found = [build_error_report(inst, t, args.seed, unbuilt[inst.name]) for t in targets]
+        else:
+            found = check_instance(project, inst, targets, args.seed)
+        for report in found:
             print(format_report(report), flush=True)
             reports.append(report)
             save_test_report(inst.out_dir, report)  # the last result, for `kiln view`
@@ -188,6 +207,9 @@ def _project(pipeline: str) -> Project:
 
 def _test_action(pipeline: str, instance: str, target: str, report_path: str):
     from doit.exceptions import TaskFailed
+    from kiln.tasks.workers import guard_worker
+
+    guard_worker()  # an -n worker exits when its build dies
 
     from kiln.fsutil import write_bytes_atomic
 

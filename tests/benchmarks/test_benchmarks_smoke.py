@@ -1,4 +1,4 @@
-"""The schedule-quality and compile-scaling benchmarks run (with --quick) and print their figures.
+"""The benchmarks run (with --quick) and print their figures.
 
 No timing is asserted: only that each benchmark finishes and reports
 every figure it promises, in the form its README describes.
@@ -64,3 +64,16 @@ def test_compile_scaling_quick_prints_both_series_and_both_targets():
     assert len(re.findall(r"full pipeline, gemm 128\^3: \d+\.\d+ s", out)) == 2
     assert re.search(r"judged: time per instruction on series 2 .*: \d+\.\d+x", out), out
     assert re.search(r"full gemm 128 pipeline on series 1 \(default tiles\): \d+\.\d+ s", out)
+
+
+def test_parallel_quick_prints_both_builds_the_calibration_and_the_ratio():
+    out = run_benchmark("parallel.py", "--quick")
+    for label in ("cold -n 1", "cold -n 2", "no-op -n 1"):
+        assert re.search(rf"^{label}: {NUMBER} s  \(runs: {NUMBER}\)$", out, re.M), out
+    assert re.search(
+        rf"^calibration: one process {NUMBER} s, two side by side {NUMBER} s$", out, re.M
+    )
+    for label in ("speed-up -n 2 over -n 1", "calibration speed-up"):
+        assert re.search(rf"^{label}\s+{NUMBER}x", out, re.M), out
+    assert re.search(r"^speed-up / calibration\s+\d+%\s+>= 85%", out, re.M), out
+    assert "targets not judged" in out and "MISSED" not in out

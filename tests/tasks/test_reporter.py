@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import json
 
-from doit.exceptions import TaskFailed
+from doit.exceptions import TaskFailed, UnmetDependency
 from doit.task import Task
 from kiln.tasks.actions import failure
-from kiln.tasks.reporter import KilnReporter
+from kiln.tasks.reporter import KilnReporter, last_run_failures
 
 from kiln.errors import KilnError, Location
 
@@ -83,4 +83,33 @@ def test_json_format_prints_one_object_per_diagnostic(monkeypatch):
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert lines[0]["message"] == "bad" and lines[0]["line"] == 2
     assert lines[0]["key_path"] == "kernels.x" and lines[0]["task"] == "compile:x.s.trace"
-    assert lines[1] == {"kind": "summary", "ran": 0, "up_to_date": 0, "failed": 1}
+    assert lines[1] == {
+        "kind": "summary",
+        "ran": 0,
+        "up_to_date": 0,
+        "failed": 1,
+        "not_run": 0,
+        "failed_tasks": ["compile:x.s.trace"],
+    }
+
+
+def test_tasks_after_a_failure_are_counted_not_reported_again(monkeypatch, capsys):
+    monkeypatch.setenv("KILN_MESSAGE_FORMAT", "human")
+    out = io.StringIO()
+    r = KilnReporter(out, {})
+    err = KilnError("cannot trace", Location("kernels/k.py", 8, 12))
+    r.add_failure(task("compile:k.small.trace"), failure(err))
+    for stage in ("visa", "lir"):
+        r.add_failure(task(f"compile:k.small.{stage}"), UnmetDependency("compile:k.small.trace"))
+    r.add_success(task("compile:g.small.trace"))
+    r.complete_run()
+    printed = capsys.readouterr().err
+    assert printed.count("FAILED") == 1 and "compile:k.small.visa" not in printed
+    assert printed.endswith("kiln: 1 failed:\n  compile:k.small.trace (kernels/k.py:8)\n")
+    assert "kiln: 4 tasks: 1 ran, 0 up to date, 1 failed, 2 not run (an input failed)" in (
+        out.getvalue()
+    )
+    failed, not_run = last_run_failures()
+    assert list(failed) == ["compile:k.small.trace"]
+    assert failed["compile:k.small.trace"]["line"] == 8
+    assert not_run == ["compile:k.small.visa", "compile:k.small.lir"]
