@@ -78,13 +78,26 @@ def source_map(fn: DeviceFunction, lines: dict[int, int]) -> bytes:
     except (OSError, TypeError):
         source, first, path = [], 0, ""
     doc = {
-        "file": path,
+        # relative to the import root (kernels/linalg.py): the same bytes in any checkout
+        "file": _import_relative(path, getattr(fn.fn, "__module__", "") or ""),
         "function": fn.__name__,
         "first_line": first,
         "source": [line.rstrip("\r\n") for line in source],
         "nodes": {str(node): line for node, line in sorted(lines.items())},
     }
     return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+
+def _import_relative(path: str, module: str) -> str:
+    """``path`` of ``module`` as it sits under its sys.path entry, else its base name."""
+    if not path:
+        return ""
+    parts = module.split(".") if module else []
+    tail = os.path.join(*parts) if parts else ""
+    for candidate in (tail + ".py", os.path.join(tail, "__init__.py")):
+        if parts and path.replace(os.sep, "/").endswith("/" + candidate.replace(os.sep, "/")):
+            return candidate.replace(os.sep, "/")
+    return os.path.basename(path)
 
 
 def serialize(graph: Graph) -> bytes:
