@@ -80,6 +80,7 @@ def fetch_or_run(spec: dict, run) -> str:
         outputs, how = session.lookup(key)
     if outputs is not None:
         write_outputs(artifact, outputs, spec["root"])
+        record_outputs(spec, artifact, outputs)
         log.info("%s %s: %s from cache %s", spec["instance"], spec["stage"], how, artifact)
         return how
     side = run(spec) or []
@@ -109,6 +110,18 @@ def write_outputs(artifact: Path, outputs: dict[str, bytes], root: str) -> None:
         if name.startswith(SIDE):
             local = data.replace(ROOT_PLACEHOLDER, str(root).encode())
             write_bytes_atomic(artifact.parent / name[len(SIDE) :], local)
+
+
+def record_outputs(spec: dict, artifact: Path, outputs: dict[str, bytes]) -> None:
+    """List fetched files in the instance's manifest, as a stage run does.
+
+    Without it a fetched artifact escapes the damage check and ``kiln clean``.
+    """
+    from kiln.tasks import manifest
+
+    manifest.forget_index(os.path.join(spec["root"], ".kiln"))
+    sides = [str(artifact.parent / n[len(SIDE) :]) for n in outputs if n.startswith(SIDE)]
+    manifest.record(str(artifact.parent), [str(artifact)], sides=sides)
 
 
 def _rel(path: str, root: str) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_kiln
+from tests.support.outdir import build_bytes
 
 pytest.importorskip("fsspec", reason="the remote cache needs kiln[distributed]")
 
@@ -19,15 +20,8 @@ INSTANCES = 4  # vector_add, softmax, gemm.small, gemm.wide
 TASKS = INSTANCES * 5
 
 
-def portable(data: bytes, project: Path) -> bytes:
-    return data.replace(str(project.resolve()).encode(), b"<root>")
-
-
 def artifacts(project: Path) -> dict[str, bytes]:
-    """Every file under build/, the project's own path (source maps name it) as <root>."""
-    base = project / "build"
-    files = sorted(p for p in base.rglob("*") if p.is_file())
-    return {str(p.relative_to(base)): portable(p.read_bytes(), project) for p in files}
+    return build_bytes(project, project / "build")
 
 
 def clone(project: Path, name: str) -> Path:

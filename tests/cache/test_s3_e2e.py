@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, SMALL_PIPELINE, machines_yaml, run_kiln
+from tests.support.outdir import build_bytes
 
 pytest.importorskip("s3fs", reason="the S3 cache needs kiln[distributed]")
 pytest.importorskip("moto.server", reason="the S3 tests need moto[server]")
@@ -89,14 +90,8 @@ def s3_project(base: Path, name: str) -> Path:
     return project
 
 
-def portable(data: bytes, project: Path) -> bytes:
-    return data.replace(str(project.resolve()).encode(), b"<root>")
-
-
 def artifacts(project: Path) -> dict[str, bytes]:
-    """Every file under build/, the project's own path (source maps name it) as <root>."""
-    files = sorted(p for p in (project / "build").rglob("*") if p.is_file())
-    return {str(p.relative_to(project)): portable(p.read_bytes(), project) for p in files}
+    return build_bytes(project)
 
 
 def test_build_through_s3_then_clean_clone_fetches_everything(s3_server, tmp_path):

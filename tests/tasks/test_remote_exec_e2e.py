@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, SMALL_PIPELINE, machines_yaml, run_kiln
+from tests.support.outdir import build_bytes
 
 pytest.importorskip("distributed", reason="the dask executor needs kiln[distributed]")
 
@@ -75,14 +76,8 @@ def make_project(base: Path, name: str) -> Path:
     return project
 
 
-def portable(data: bytes, project: Path) -> bytes:
-    return data.replace(str(project.resolve()).encode(), b"<root>")
-
-
 def artifacts(project: Path) -> dict[str, bytes]:
-    """Every file under build/, the project's own path (source maps name it) as <root>."""
-    files = sorted(p for p in (project / "build").rglob("*") if p.is_file())
-    return {str(p.relative_to(project)): portable(p.read_bytes(), project) for p in files}
+    return build_bytes(project)
 
 
 LOG = {"KILN_LOG_INFO": "1", "KILN_LOG_FILE": "stderr"}
