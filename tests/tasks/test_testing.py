@@ -111,24 +111,52 @@ def start_a_dependent_early(path: Path) -> tuple[int, int]:
     return consumer, producer
 
 
-def test_damaged_binaries_fail_kiln_test_saying_why(project):
-    """A flipped bit fails its checksum; a dependent started early is a race. Exit 1, no trace."""
-    run_kiln(project, "compile", "gemm", check=True)
-    edf = project / OUT / "gemm" / "small" / "kernel.edf"
+def flip_a_bit(edf: Path) -> None:
     raw = bytearray(edf.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     edf.write_bytes(bytes(raw))
+
+
+def test_a_damaged_binary_is_rebuilt_before_it_is_tested(project):
+    """The build's manifest check sees the changed bytes: rebuilt, warned once, then tested."""
+    run_kiln(project, "compile", "gemm", check=True)
+    edf = project / OUT / "gemm" / "small" / "kernel.edf"
+    good = edf.read_bytes()
+    flip_a_bit(edf)
+    proc = run_kiln(project, "test", "gemm", "--target", "sim")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.count("changed since Kiln wrote it") == 1
+    assert "PASS    gemm.small @ sim" in proc.stdout
+    assert edf.read_bytes() == good
+
+
+def test_damaged_binaries_fail_kiln_test_saying_why(project):
+    """A flipped bit fails its checksum; a dependent started early is a race. Exit 1, no trace.
+
+    The manifest is rewritten after the damage, as if Kiln itself had written
+    these bytes (a bug, a bad disk under a trusted checksum): the build keeps
+    them, so the simulator's own checks are what must refuse them.
+    """
+    from kiln.tasks import manifest
+
+    run_kiln(project, "compile", "gemm", check=True)
+    edf = project / OUT / "gemm" / "small" / "kernel.edf"
+    flip_a_bit(edf)
     wide = project / OUT / "gemm" / "wide" / "kernel.edf"
     consumer, producer = start_a_dependent_early(wide)
+    for path in (edf, wide):
+        manifest.record(str(path.parent), [str(path)])
+    manifest.forget_index(str(project / ".kiln"))
 
     proc = run_kiln(project, "test", "gemm", "--target", "sim", "--junit", "j.xml")
     assert proc.returncode == 1
     assert "0 ran" in proc.stdout + proc.stderr  # the build does not notice: the sim must
     assert "ERROR   gemm.small @ sim" in proc.stdout
-    assert f"{edf}: error: corrupt EDF file:" in proc.stdout
+    rel_edf, rel_wide = edf.relative_to(project), wide.relative_to(project)
+    assert f"{rel_edf}: error: corrupt EDF file:" in proc.stdout
     assert "checksum check failed" in proc.stdout
     assert "ERROR   gemm.wide @ sim" in proc.stdout
-    assert f"{wide}: the simulator refuses this binary: instruction {consumer} (`" in proc.stdout
+    assert f"{rel_wide}: the simulator refuses this binary: instruction {consumer} (`" in proc.stdout
     assert f"before its raw dependency {producer} ends" in proc.stdout
     race = next(line for line in proc.stdout.splitlines() if "note: race on sram[" in line)
     assert f"instruction {producer} `" in race and f"instruction {consumer} `" in race
@@ -138,7 +166,7 @@ def test_damaged_binaries_fail_kiln_test_saying_why(project):
     suite = junit(project / "j.xml")
     assert (suite.get("tests"), suite.get("errors"), suite.get("failures")) == ("2", "2", "0")
     error = suite.find("testcase[@name='gemm.small']/error")
-    assert error is not None and "checksum" in error.text and str(edf) in error.text
+    assert error is not None and "checksum" in error.text and str(rel_edf) in error.text
     assert "race on sram[" in suite.find("testcase[@name='gemm.wide']/error").text
     errors = {r["kernel"]: r["message"] for r in report(project) if r["status"] == "error"}
     assert "checksum" in errors["gemm.small"] and "race on" in errors["gemm.wide"]
