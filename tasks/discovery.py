@@ -190,7 +190,7 @@ class Discovery:
         return infos
 
     def source_files(self, module: str) -> list[str]:
-        """The module's file plus every project module it imports, transitively."""
+        """The module's file, every project module it imports and their packages, transitively."""
         if module not in self._sources:
             self._sources[module] = self._closure(module)
         return self._sources[module]
@@ -208,6 +208,9 @@ class Discovery:
             info = self.module(name, file)
             seen[name] = info.file
             stack.extend(info.imports)
+            # importing a.b.c runs a/__init__.py and a/b/__init__.py first
+            parts = name.split(".")
+            stack.extend(".".join(parts[:i]) for i in range(1, len(parts)))
         return sorted(set(seen.values()))
 
     def _project_file(self, module: str) -> Path | None:

@@ -80,6 +80,16 @@ def test_source_files_follow_project_imports_transitively(tmp_path):
     assert files == ["__init__.py", "consts.py", "helpers.py", "ops.py"]
 
 
+def test_source_files_include_every_package_init_on_the_way(tmp_path):
+    """Importing pkg.sub.ops runs pkg/__init__.py and pkg/sub/__init__.py: both are inputs."""
+    write(tmp_path / "pkg" / "__init__.py", "import sys\n")
+    write(tmp_path / "pkg" / "sub" / "__init__.py", "")
+    write(tmp_path / "pkg" / "sub" / "ops.py", KERNELS)
+    d = Discovery(tmp_path)
+    files = [str(Path(f).relative_to(tmp_path)) for f in d.source_files("pkg.sub.ops")]
+    assert files == ["pkg/__init__.py", "pkg/sub/__init__.py", "pkg/sub/ops.py"]
+
+
 def test_cache_is_reused_until_the_file_changes(tmp_path):
     f = write(tmp_path / "pkg" / "ops.py", KERNELS)
     write(tmp_path / "pkg" / "__init__.py", "")
