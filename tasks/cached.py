@@ -13,10 +13,10 @@ from pathlib import Path
 
 from kiln.tasks.digest import stage_module_info
 
+from kiln import fsutil
 from kiln.cache.action import action_key, file_digest
 from kiln.cache.config import CacheConfig
 from kiln.cache.session import COMPILED, session_for
-from kiln.fsutil import write_bytes_atomic
 from kiln.logconfig import get_logger
 
 log = get_logger("cache")
@@ -105,11 +105,12 @@ def portable(data: bytes, root: str) -> bytes:
 
 def write_outputs(artifact: Path, outputs: dict[str, bytes], root: str) -> None:
     """Write a stage's artifact and its side artifacts from cached outputs, atomically."""
-    write_bytes_atomic(artifact, outputs["artifact"])
+    fsutil.remove_stale_tmp(artifact.parent)  # left by a build killed mid-write
+    fsutil.write_bytes_atomic(artifact, outputs["artifact"])
     for name, data in outputs.items():
         if name.startswith(SIDE):
             local = data.replace(ROOT_PLACEHOLDER, str(root).encode())
-            write_bytes_atomic(artifact.parent / name[len(SIDE) :], local)
+            fsutil.write_bytes_atomic(artifact.parent / name[len(SIDE) :], local)
 
 
 def record_outputs(spec: dict, artifact: Path, outputs: dict[str, bytes]) -> None:

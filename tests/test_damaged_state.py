@@ -336,6 +336,7 @@ def test_every_entry_point_gives_the_same_message(small, argv):
 
 def test_unusable_cache_dir_is_one_message(small):
     pytest.importorskip("iree.compiler", reason="the iree target needs the [iree] extra")
+    shutil.rmtree(small / ".cache", ignore_errors=True)
     (small / ".cache").write_text("a file where the cache dir goes\n")
     proc = kiln(small, "run", "vector_add", "--target", "iree")
     text = no_traceback(proc)
