@@ -20,41 +20,36 @@ def _locked(project):
     return project_lock(project.state_dir)
 
 
-def _select(project, filters, packages=(), shape_set=None):
-    chosen = project.select(filters or None, list(packages) or None, shape_set)
-    if not chosen:
-        known = sorted({i.source.path for i in project.instances})
-        raise KilnError(
-            "no kernel matches " + " ".join(repr(f) for f in filters or ["(all)"]),
-            expected="a substring of a kernel path (package.module.function)",
-            found=" ".join(filters) or "(no filter)",
-            notes=["kernels: " + ", ".join(known)],
-        )
-    return chosen
+def _select(project, args, command: str, apps: bool = False):
+    """The selection of a command's FILTER arguments (kiln.tasks.selection's one rule)."""
+    from kiln.tasks.selection import select
+
+    filters = list(getattr(args, "filters", None) or [])
+    return select(
+        project,
+        filters,
+        packages=getattr(args, "package", None) or (),
+        shape_set=getattr(args, "shapes", None),
+        apps=apps,
+        command=command,
+    )
 
 
 def cmd_compile(args) -> int:
     from kiln.tasks.build import compile_instances, write_dump
 
     project = _project()
-    instances = _select(project, args.filters, args.package, args.shapes)
+    instances = _select(project, args, "compile").instances
     dumps = {
         k: getattr(args, f"dump_{k}")
         for k in ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
     }
     dumps = {k: v for k, v in dumps.items() if v is not None}
     if dumps:
-        kernels = {i.kernel for i in instances}
-        if len(kernels) == 1 and len(instances) > 1 and not args.shapes:
-            instances = instances[:1]  # one kernel, several shape sets: dump the first
-        elif len(instances) > 1:
-            raise KilnError(
-                f"a dump flag needs exactly one kernel, but the filters select {len(kernels)}",
-                expected="filters that match a single kernel (and --shapes NAME)",
-                found=", ".join(sorted(i.name for i in instances)),
-                hint="name the kernel more precisely, e.g. `kiln compile "
-                f"{sorted(kernels)[0]} --dump-{next(iter(dumps))} FILE`",
-            )
+        from kiln.tasks.selection import Selection, one_instance
+
+        flag = f"--dump-{next(iter(dumps))}"
+        instances = [one_instance(Selection(instances), "compile", f"a dump flag ({flag})")]
     with _locked(project):
         rc = compile_instances(project, instances, args.process, fail_fast=args.fail_fast)
         if getattr(args, "profile", None):
@@ -69,22 +64,16 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _app(project, filters) -> str | None:
-    """The app a command names: its only positional argument, when that is an app's name."""
-    names = {a.name for a in project.pipeline.apps}
-    return filters[0] if len(filters or ()) == 1 and filters[0] in names else None
-
-
 def cmd_status(args) -> int:
     from kiln.tasks.status import explain
 
     project = _project()
-    app = _app(project, args.filters)
-    if app is not None and not args.package:
+    chosen = _select(project, args, "status", apps=True)
+    if chosen.app is not None:
         from kiln.tasks.apps import status_app
 
-        return status_app(project, app, args.all)
-    instances = _select(project, args.filters, args.package)
+        return status_app(project, chosen.app, args.all)
+    instances = chosen.instances
     results = explain(project, instances)
     pending = [(n, r) for n, r in results if r]
     for name, reasons in results:
@@ -106,24 +95,15 @@ def cmd_run(args) -> int:
     from kiln.tasks.running import run_kernel
 
     project = _project()
-    app = _app(project, [args.name])
-    if app is not None:
+    args.filters = [args.name]
+    chosen = _select(project, args, "run", apps=True)
+    if chosen.app is not None:
         from kiln.tasks.apps import run_app
 
-        if args.shapes:
-            raise KilnError(
-                f"--shapes picks a kernel's shape set; {app!r} is an app",
-                hint="an app's kernel calls pick their instances by the shapes they pass",
-            )
         with _locked(project):
-            return run_app(project, app, args.target, args.save_outputs)
-    try:
-        with _locked(project):
-            return run_kernel(project, args)
-    except KilnError as err:
-        if project.pipeline.apps and err.message.startswith("no kernel"):
-            err.notes.append("apps: " + ", ".join(a.name for a in project.pipeline.apps))
-        raise
+            return run_app(project, chosen.app, args.target, args.save_outputs)
+    with _locked(project):
+        return run_kernel(project, chosen.instances, args)
 
 
 def cmd_inspect(args) -> int:
@@ -137,14 +117,14 @@ def cmd_test(args) -> int:
     from kiln.tasks.testing import run_tests
 
     project = _project()
-    app = _app(project, args.filters)
-    if app is not None:
+    chosen = _select(project, args, "test", apps=True)
+    if chosen.app is not None:
         from kiln.tasks.apps import test_app
 
         with _locked(project):
-            return test_app(project, app, args.target, args.junit)
+            return test_app(project, chosen.app, args.target, args.junit)
     with _locked(project):
-        return run_tests(project, args)
+        return run_tests(project, chosen.instances, args)
 
 
 def cmd_bench(args) -> int:
@@ -158,15 +138,16 @@ def cmd_bench(args) -> int:
                 found=str(value),
             )
     project = _project()
+    instances = _select(project, args, "bench").instances
     with _locked(project):
-        return run_bench(project, args)
+        return run_bench(project, instances, args)
 
 
 def cmd_tune(args) -> int:
     from kiln.tasks.tuning import run_tune, show_records
 
     project = _project()
-    instances = _select(project, args.filters, (), args.shapes)
+    instances = _select(project, args, "tune").instances
     if args.show:
         return show_records(project, instances)
     return run_tune(project, instances, args)

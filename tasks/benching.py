@@ -94,15 +94,13 @@ def _fmt(v) -> str:
     return "" if v is None else str(v)
 
 
-def run_bench(project, args) -> int:
+def run_bench(project, instances: list, args) -> int:
     import contextlib
     import sys
 
     from kiln.tasks.running import build_each
 
-    from kiln.commands import _select
 
-    instances = _select(project, args.filters)
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the table/CSV/JSON
         unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
     built = [inst for inst in instances if inst.name not in unbuilt]

@@ -164,11 +164,17 @@ class Project:
                     notes=[f"known kernels: {', '.join(names) or '(none)'}"],
                 )
             if len(candidates) > 1:
-                raise PipelineError(
-                    f"kernel name {wanted!r} is defined in several modules",
-                    location=self.pipeline.locate(where),
-                    expected="one definition, or `function:` naming the full path",
-                    found=", ".join(k.path for k in candidates),
+                # A second module defining the same name must not break an entry that
+                # built yesterday: keep the first in scan order (packages as listed,
+                # modules sorted) and say how to pin it.
+                loc = self.pipeline.locate(where)
+                at = f"{loc.header()}: " if loc else ""
+                print(
+                    f"{at}warning: kernel {spec.name!r} is defined in several modules "
+                    f"({', '.join(k.path for k in candidates)}); building "
+                    f"{candidates[0].path}. Add `function: {candidates[0].path}` under "
+                    f"kernels.{spec.name} to pin it (or name the other one)",
+                    file=sys.stderr,
                 )
             source = candidates[0]
             self._check_bindings(spec, source)

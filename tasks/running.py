@@ -9,7 +9,7 @@ from kiln.tasks.compile import stage_artifact
 from kiln.tasks.importpath import add_project_root
 from kiln.tasks.project import KernelInstance, Project
 
-from kiln.errors import BuildFailed, KilnError, TargetError
+from kiln.errors import BuildFailed, TargetError
 
 
 def load_function(project: Project, inst: KernelInstance):
@@ -93,22 +93,24 @@ def build_each(
     return problems
 
 
-def run_kernel(project: Project, args) -> int:
+def run_kernel(project: Project, instances: list[KernelInstance], args) -> int:
+    """Run one selected instance; a kernel with several shape sets runs its first, saying so."""
+    import sys
+
+    from kiln.tasks.selection import Selection, one_instance
+
     from kiln.inputs import describe, random_inputs
 
-    instances = [i for i in project.instances if i.kernel == args.name]
-    if not instances:
-        instances = project.select([args.name])
-    if args.shapes:
-        instances = [i for i in instances if i.shape_set == args.shapes]
-    if not instances:
-        raise KilnError(
-            f"no kernel or shape set matches {args.name!r}",
-            expected="a kernel of pipeline.yaml: "
-            + ", ".join(sorted({i.kernel for i in project.instances})),
-            found=args.name + (f" --shapes {args.shapes}" if args.shapes else ""),
+    if len({i.kernel for i in instances}) == 1 and len(instances) > 1:
+        inst = instances[0]
+        others = ", ".join(i.shape_set for i in instances[1:])
+        print(
+            f"kiln run: {inst.kernel} has {len(instances)} shape sets; running "
+            f"{inst.shape_set} (pick another with --shapes: {others})",
+            file=sys.stderr,
         )
-    inst = instances[0]
+    else:
+        inst = one_instance(Selection(instances), "run", "kiln run")
     build(project, [inst])
     runner = make_runner(project, args.target)
     artifacts = kernel_artifacts(project, inst)

@@ -124,14 +124,12 @@ def build_error_report(inst: KernelInstance, target: str, seed: int, why: str) -
     }
 
 
-def run_tests(project: Project, args) -> int:
+def run_tests(project: Project, instances: list, args) -> int:
     from kiln.tasks.results import save_test_report
     from kiln.tasks.running import build_each
 
-    from kiln.commands import _select
     from kiln.fsutil import write_bytes_atomic
 
-    instances = _select(project, args.filters)
     targets = args.target or default_targets(project)
     for t in targets:
         from kiln.tasks.running import make_runner

@@ -31,18 +31,10 @@ def add_parsers(sub) -> None:
     )
 
 
-def selection(project, filters: list[str], shapes: str | None):
-    chosen = project.select(filters or None, None, shapes)
-    if not chosen:
-        raise KilnError(
-            "no kernel instance matches "
-            + " ".join(repr(f) for f in filters or ["(all)"])
-            + (f" with shape set {shapes!r}" if shapes else ""),
-            expected="a substring of a kernel path (package.module.function) or instance name",
-            found=" ".join(filters) or "(no filter)",
-            notes=["instances: " + ", ".join(i.name for i in project.instances)],
-        )
-    return chosen
+def selection(project, filters: list[str], shapes: str | None, command: str):
+    from kiln.tasks.selection import select
+
+    return select(project, filters, shape_set=shapes, command=command).instances
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
@@ -50,7 +42,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from kiln.tasks.taskgraph import render, task_graph
 
     project = Project.find()
-    g = task_graph(project, selection(project, args.filters, args.shapes), why=args.why)
+    g = task_graph(project, selection(project, args.filters, args.shapes, "graph"), why=args.why)
     sys.stdout.write(render(g, args.format))
     return 0
 
@@ -60,7 +52,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     from kiln.tasks.project import Project
 
     project = Project.find()
-    instances = selection(project, args.filters, args.shapes)
+    instances = selection(project, args.filters, args.shapes, "view")
     out = args.output or Path(project.out_dir) / "report.html"
     diff = None
     if args.compare is not None:

@@ -133,7 +133,7 @@ def test_graph_formats_and_why(built: Path):
 
 def test_graph_with_no_match_is_a_usage_error(built: Path):
     proc = run_kiln(built, "graph", "no_such_kernel")
-    assert proc.returncode == 2 and "no kernel instance matches" in proc.stderr
+    assert proc.returncode == 2 and "no kernel matches" in proc.stderr
 
 
 def test_compile_profile_is_a_chrome_trace(built: Path):

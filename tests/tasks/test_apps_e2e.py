@@ -239,4 +239,4 @@ def test_unknown_target_and_shapes_flag_are_clear_errors(apps_project):
     proc = run_kiln(apps_project, "run", "mlp", "--shapes", "small")
     assert proc.returncode == 2 and "is an app" in proc.stderr
     proc = run_kiln(apps_project, "run", "nosuch")
-    assert proc.returncode == 2 and "apps: mlp, attention" in proc.stderr
+    assert proc.returncode == 2 and "apps: attention, boom, ghost, mlp, nomain" in proc.stderr
