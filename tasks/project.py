@@ -108,10 +108,8 @@ class Project:
 
     @staticmethod
     def find(start: Path | None = None) -> Project:
-        env = os.environ.get("KILN_PIPELINE")
-        if env:
-            return Project(Path(env))
-        return Project((start or Path.cwd()) / PIPELINE_FILE)
+        """The project of ``-f FILE`` (``KILN_PIPELINE``), else the nearest pipeline.yaml up."""
+        return Project(find_pipeline(start))
 
     def machine(self, name: str | None = None) -> dict | None:
         """The named (or default) machine model, with its name added."""
@@ -292,6 +290,25 @@ class Project:
     def trace_dtypes(self, kernel: str) -> tuple[str, dict[str, str]]:
         spec = self.pipeline.kernel(kernel)
         return spec.dtype, dict(spec.dtypes)
+
+
+def find_pipeline(start: Path | None = None) -> Path:
+    """Like git: the pipeline file in ``start`` (default: cwd) or the nearest parent."""
+    for env in ("KILN_PIPELINE_FILE", "KILN_PIPELINE"):
+        if os.environ.get(env):
+            return Path(os.environ[env])
+    here = (start or Path.cwd()).absolute()
+    for directory in (here, *here.parents):
+        candidate = directory / PIPELINE_FILE
+        if candidate.is_file():
+            return candidate
+    raise PipelineError(
+        f"no pipeline file ({PIPELINE_FILE}) in {printable(str(here))} or any directory above it",
+        expected="a Kiln project: a directory holding pipeline.yaml",
+        found=str(here),
+        hint="run kiln inside a project, pass -f PATH/pipeline.yaml, "
+        "or start one with `kiln init`",
+    )
 
 
 def defined_at(source: KernelSource) -> str:

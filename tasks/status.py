@@ -28,17 +28,32 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
     db_file = project.state_dir / "doit.sqlite3"
     ensure_sound_db(db_file)
     dep = Dependency(SqliteDB, str(db_file), checker_cls=checker)
+    from kiln.tasks.results import read_failures
+
     tasks = generate_tasks("compile", compile_tasks(project, instances))
     by_name = {t.name: t for t in tasks}
     producers = {t: task.name for task in tasks for t in task.targets}
+    failed_tasks = {
+        entry["task"]: entry.get("diagnostic")
+        for entry in read_failures(project.state_dir).values()
+        if isinstance(entry, dict) and isinstance(entry.get("task"), str)
+    }
     results = []
     pending: set[str] = set()
+    blocked: set[str] = set()  # never built because a task they need failed
     for task in tasks:
         if not task.actions:
             continue
         status = dep.get_status(task, by_name, get_log=True)
         reasons = _reasons(dep, task, status, str(project.state_dir / "config"))
         upstream = [producers[f] for f in task.file_dep if f in producers]
+        if reasons and task.name in failed_tasks:
+            reasons = [_failed_reason(failed_tasks[task.name])]
+        elif reasons and reasons[0] == "never built":
+            broken = [u for u in upstream if u in failed_tasks or u in blocked]
+            if broken:
+                reasons = [f"not built: its input {broken[0]} failed at the last build"]
+                blocked.add(task.name)
         if not reasons and any(u in pending for u in upstream):
             reasons = [
                 f"may run: its input is rebuilt by {', '.join(upstream)} "
@@ -49,6 +64,24 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
         results.append((task.name, reasons))
     dep.close()
     return results
+
+
+def _failed_reason(diagnostic) -> str:
+    """``failed at the last build: file:line: message`` from a recorded diagnostic."""
+    if isinstance(diagnostic, dict) and diagnostic.get("message"):
+        where = diagnostic.get("file")
+        if where:
+            from kiln.errors import relative_path
+
+            where = relative_path(where)
+        if where and diagnostic.get("line"):
+            where = f"{where}:{diagnostic['line']}"
+        text = f"{where}: {diagnostic['message']}" if where else diagnostic["message"]
+    elif isinstance(diagnostic, str) and diagnostic.strip():
+        text = diagnostic.strip().splitlines()[0]
+    else:
+        text = "see the last build's output"
+    return f"failed at the last build: {text}"
 
 
 def _reasons(dep: Dependency, task, status, stamp_dir: str) -> list[str]:

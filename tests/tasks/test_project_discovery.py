@@ -1,0 +1,36 @@
+"""Finding the project like git does: from any subdirectory, or the file named by -f."""
+
+from __future__ import annotations
+
+import os
+
+from tests.conftest import run_kiln
+
+
+def test_kiln_finds_the_pipeline_from_a_subdirectory(project):
+    sub = project / "kernels"
+    proc = run_kiln(sub, "compile", "vector_add")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (project / "build" / "kiln" / "kernel" / "vector_add" / "small" / "kernel.edf").is_file()
+    assert not (sub / "build").exists() and not (sub / ".kiln").exists()
+    status = run_kiln(sub, "status", "vector_add")
+    assert "kiln: 0 of 5 tasks would run" in status.stdout, status.stdout + status.stderr
+
+
+def test_outside_any_project_is_one_clear_message(tmp_path):
+    lonely = tmp_path / "empty" / "deeper"
+    lonely.mkdir(parents=True)
+    proc = run_kiln(lonely, "compile")
+    assert proc.returncode == 2
+    assert "no pipeline file (pipeline.yaml) in" in proc.stderr
+    assert "or any directory above it" in proc.stderr and "kiln init" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_pipeline_env_names_a_project_elsewhere(project, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"KILN_PIPELINE_FILE": os.fspath(project / "pipeline.yaml")}
+    proc = run_kiln(elsewhere, "status", "vector_add", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "kiln: 5 of 5 tasks would run" in proc.stdout
