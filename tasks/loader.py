@@ -32,11 +32,11 @@ def doit_config(project: Project, *, fail_fast: bool = False) -> dict:
     from kiln.statefiles import ensure_sound_db
 
     project.state_dir.mkdir(parents=True, exist_ok=True)
-    ensure_sound_db(project.state_dir / "doit.sqlite3")
+    ensure_sound_db(project.dep_file)
     check = project.pipeline.cache_check
     fail_fast = fail_fast or fail_fast_requested()
     return {
-        "dep_file": str(project.state_dir / "doit.sqlite3"),
+        "dep_file": str(project.dep_file),
         "backend": "sqlite3",
         "check_file_uptodate": "md5" if check == "md5" else "timestamp",
         "reporter": _reporter_class(project),

@@ -75,6 +75,24 @@ class Project:
         ]
         self.discovery.save()
 
+    @property
+    def dep_file(self) -> Path:
+        """doit's record of what was built, one per out dir.
+
+        The out dir written in pipeline.yaml keeps ``.kiln/doit.sqlite3``;
+        another one (``KILN_OUT_DIR``) gets its own file, so switching to it
+        and back rebuilds nothing in either.
+        """
+        import hashlib
+
+        configured = Path(self.pipeline.out_dir).expanduser()
+        if not configured.is_absolute():
+            configured = self.root / configured
+        if self.out_dir == configured:
+            return self.state_dir / "doit.sqlite3"
+        tag = hashlib.sha256(str(self.out_dir).encode()).hexdigest()[:12]
+        return self.state_dir / f"doit-{tag}.sqlite3"
+
     def _check_out_dir(self) -> None:
         """An out dir that cannot be a directory is an error at ``out_dir``, before any build."""
         from kiln.pipeline.model import OUT_DIR_ENV

@@ -25,7 +25,7 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
     checker = MD5Checker if project.pipeline.cache_check == "md5" else TimestampChecker
     from kiln.statefiles import ensure_sound_db
 
-    db_file = project.state_dir / "doit.sqlite3"
+    db_file = project.dep_file
     ensure_sound_db(db_file)
     dep = Dependency(SqliteDB, str(db_file), checker_cls=checker)
     from kiln.tasks.results import read_failures

@@ -34,3 +34,14 @@ def test_the_pipeline_env_names_a_project_elsewhere(project, tmp_path):
     proc = run_kiln(elsewhere, "status", "vector_add", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "kiln: 5 of 5 tasks would run" in proc.stdout
+
+
+def test_switching_the_out_dir_and_back_rebuilds_nothing(project):
+    from tests.conftest import ran_tasks
+
+    env_other = {"KILN_OUT_DIR": "other-out"}
+    assert len(ran_tasks(run_kiln(project, "compile", "vector_add", check=True))) == 5
+    assert len(ran_tasks(run_kiln(project, "compile", "vector_add", env=env_other))) == 5
+    assert ran_tasks(run_kiln(project, "compile", "vector_add", check=True)) == []
+    assert ran_tasks(run_kiln(project, "compile", "vector_add", env=env_other)) == []
+    assert (project / "other-out" / "vector_add" / "small" / "kernel.edf").is_file()
