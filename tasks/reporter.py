@@ -60,6 +60,14 @@ def render_diagnostic(diag: dict) -> str:
     return err.render()
 
 
+def _verbosity() -> int:
+    """0 with -q, 2 with -v, 1 otherwise (``KILN_VERBOSITY``, set by the kiln command)."""
+    try:
+        return max(0, min(2, int(os.environ.get("KILN_VERBOSITY", "1"))))
+    except ValueError:
+        return 1
+
+
 class KilnReporter:
     """doit reporter interface (see doit.reporter.ConsoleReporter)."""
 
@@ -73,7 +81,14 @@ class KilnReporter:
         self.out = outstream if isinstance(outstream, PipeSafeStream) else PipeSafeStream(outstream)
         self.err = sys.stderr
         self.format = os.environ.get("KILN_MESSAGE_FORMAT", "human")
-        self.live = self.format == "human" and getattr(outstream, "isatty", lambda: False)()
+        # -q: only failures and the summary; -v: every task with where its artifact came from
+        self.verbosity = _verbosity()
+        self.live = (
+            self.format == "human"
+            and self.verbosity == 1
+            and getattr(outstream, "isatty", lambda: False)()
+        )
+        self.t0 = time.monotonic()
         self.ran: list[str] = []
         self.uptodate = 0
         self.failures: list[tuple[str, object]] = []
@@ -120,7 +135,7 @@ class KilnReporter:
         self.started[task.name] = time.time()
         if self.live:
             self.progress.update(self.bar, description=_describe(task.name))
-        elif self.format == "human" and task.actions:
+        elif self.format == "human" and task.actions and self.verbosity == 1:
             self._write(f". {task.name}\n")
 
     def add_failure(self, task, fail):
@@ -151,12 +166,17 @@ class KilnReporter:
             how = (task.values or {}).get("cache") if isinstance(task.values, dict) else None
             if how in self.cache_counts:
                 self.cache_counts[how] += 1
+            if self.format == "human" and self.verbosity >= 2:
+                took = time.time() - self.started.get(task.name, time.time())
+                self._write(f". {task.name} ({how or 'ran'}, {took:.2f} s)\n")
             self._advance()
             self._record(task, "ran")
 
     def skip_uptodate(self, task):
         if task.actions:
             self.uptodate += 1
+            if self.format == "human" and self.verbosity >= 2:
+                self._write(f"- {task.name} (up to date)\n")
             self._advance()
             self._record(task, "up-to-date")
 
@@ -215,7 +235,8 @@ class KilnReporter:
         )
         self._write(
             f"kiln: {total} tasks: {len(self.ran)} ran, {self.uptodate} up to date, "
-            f"{len(self.failures)} failed{blocked}{cache_part}\n"
+            f"{len(self.failures)} failed{blocked}{cache_part} "
+            f"in {time.monotonic() - self.t0:.1f} s\n"
         )
 
     # -- helpers ----------------------------------------------------------

@@ -29,6 +29,8 @@ from kiln.errors import KilnError
 KERNEL_PREFIX = "kernel:"
 APP_PREFIX = "app:"
 GLOB_CHARS = "*?["
+# the filters of the selection being made, dropped from a suggested command line
+_LAST_FILTERS: list[str] = []
 
 
 @dataclass
@@ -50,6 +52,7 @@ def select(
 ) -> Selection:
     """Resolve ``filters`` against the project; ``apps`` lets one filter name an app."""
     filters = list(filters or [])
+    _LAST_FILTERS[:] = filters
     app = _app_named(project, filters, apps, command)
     if app is not None:
         if packages or shape_set:
@@ -224,12 +227,19 @@ def _argv() -> list[str]:
 
 
 def _replace_filters(command: str | None, replacement: str, pattern: str | None = None) -> str:
-    """The user's command line with ``pattern`` (or every filter) replaced by ``replacement``."""
+    """The user's command line with ``pattern`` replaced by ``replacement``.
+
+    Without ``pattern`` the filters the user typed (none of the options) give
+    way to ``replacement`` right after the command.
+    """
     argv = _argv()
-    if command and argv[:1] == [command] and pattern in argv:
-        argv = [replacement if a == pattern else a for a in argv]
-        return shlex.join(["kiln", *argv])
-    return shlex.join(["kiln", command or "compile", replacement])
+    if not (command and argv[:1] == [command]):
+        return shlex.join(["kiln", command or "compile", replacement])
+    if pattern is not None and pattern in argv:
+        return shlex.join(["kiln", *(replacement if a == pattern else a for a in argv)])
+    filters = set(_LAST_FILTERS)
+    rest = [a for a in argv[1:] if a not in filters]
+    return shlex.join(["kiln", command, replacement, *rest])
 
 
 def _retyped(command: str | None, flag: str, value: str) -> str:

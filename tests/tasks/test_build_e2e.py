@@ -111,7 +111,7 @@ def test_dump_dfg_for_one_kernel(project):
 def test_dump_with_several_kernels_is_a_clear_error(project):
     proc = run_kiln(project, "compile", "--dump-dfg", "x.json")
     assert proc.returncode == 2
-    assert "a dump flag needs exactly one kernel" in proc.stderr
+    assert "needs exactly one kernel" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (project / "x.json").exists()
 
@@ -139,7 +139,7 @@ def test_unknown_filter_is_a_clear_error(project):
     proc = run_kiln(project, "compile", "nosuchkernel")
     assert proc.returncode == 2
     assert "no kernel matches 'nosuchkernel'" in proc.stderr
-    assert "kernels.linalg.gemm" in proc.stderr
+    assert "kernels: gemm, softmax, vector_add" in proc.stderr
 
 
 def test_two_concurrent_builds_both_succeed(project):
