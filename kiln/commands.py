@@ -150,4 +150,5 @@ def cmd_tune(args) -> int:
     instances = _select(project, args, "tune").instances
     if args.show:
         return show_records(project, instances)
-    return run_tune(project, instances, args)
+    with _locked(project):  # one writer of tuning.jsonl; a build never reads it half-tuned
+        return run_tune(project, instances, args)
