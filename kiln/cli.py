@@ -127,6 +127,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("filters", nargs="*", metavar="FILTER")
     b.add_argument("--target", required=True, metavar="T")
+    b.add_argument(
+        "--shape",
+        metavar="DIMS",
+        help="time the kernel at these sizes instead of its shape sets, e.g. M=64,K=32,N=16",
+    )
     b.add_argument("--iter", type=int, default=10)
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--device", type=int, default=0)

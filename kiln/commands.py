@@ -139,6 +139,10 @@ def cmd_bench(args) -> int:
             )
     project = _project()
     instances = _select(project, args, "bench").instances
+    if getattr(args, "shape", None):
+        from kiln.tasks.benching import instances_at_shape
+
+        instances = instances_at_shape(project, instances, args.shape)
     with _locked(project):
         return run_bench(project, instances, args)
 

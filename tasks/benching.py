@@ -11,6 +11,62 @@ import time
 from kiln.errors import TargetError
 
 
+def instances_at_shape(project, instances: list, text: str) -> list:
+    """``--shape M=64,K=32``: each selected kernel at those sizes, as a one-off instance.
+
+    The instance is named after its sizes (``gemm.shape_M64_K32``) like an
+    app's JIT call, so it builds, caches and reports like a declared one.
+    """
+    from kiln.errors import KilnError
+
+    sizes: dict[str, int] = {}
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        name, eq, value = part.partition("=")
+        if not eq or not name.isidentifier() or not value.strip().lstrip("+").isdigit():
+            raise KilnError(
+                f"--shape: cannot read {part!r}",
+                expected="comma-separated NAME=SIZE pairs, e.g. --shape M=64,K=32,N=16",
+                found=text,
+            )
+        size = int(value)
+        if size < 1:
+            raise KilnError(f"--shape: {name} must be at least 1", found=part)
+        sizes[name] = size
+    if not sizes:
+        raise KilnError("--shape needs sizes", expected="NAME=SIZE[,NAME=SIZE...]", found=text)
+    chosen, seen = [], set()
+    for inst in instances:
+        if inst.kernel in seen:
+            continue
+        seen.add(inst.kernel)
+        symbols = sorted(
+            {d for _, dims in inst.source.params for d in dims or () if isinstance(d, str)}
+        )
+        missing = [d for d in symbols if d not in sizes]
+        extra = sorted(set(sizes) - set(symbols))
+        if missing or extra:
+            raise KilnError(
+                f"--shape does not fit kernel {inst.kernel!r}",
+                expected="a size for each of its dims: " + (", ".join(symbols) or "(none)"),
+                found=text,
+                notes=[f"missing: {', '.join(missing)}"] * bool(missing)
+                + [f"unknown: {', '.join(extra)}"] * bool(extra),
+            )
+        bindings = tuple((d, sizes[d]) for d in symbols)
+        shape_set = "shape_" + "_".join(f"{d}{v}" for d, v in bindings)
+        try:
+            chosen.append(project.add_instance(inst.kernel, inst.source, shape_set, bindings))
+        except KilnError as err:  # sizes too large: about --shape, not a pipeline.yaml line
+            err.location = None
+            err.message = f"--shape {text}: {err.message}"
+            err.hint = "pick smaller sizes"
+            raise
+
+    return chosen
+
+
 def time_runner(runner, prepared, inputs, iters: int, warmup: int) -> list[float]:
     """Seconds per call; a runner with its own ``time`` (device-side timing) is preferred."""
     own = getattr(runner, "time", None)

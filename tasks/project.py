@@ -246,25 +246,6 @@ class Project:
                     hint="check the dims of this shape set",
                 )
 
-    def select(
-        self,
-        filters: list[str] | None = None,
-        packages: list[str] | None = None,
-        shape_set: str | None = None,
-    ) -> list[KernelInstance]:
-        """Instances whose ``package.module.function`` (or instance name) matches a filter."""
-        chosen = []
-        for inst in self.instances:
-            path = inst.source.path
-            if packages and not any(path.startswith(p + ".") for p in packages):
-                continue
-            if filters and not any(f in path or f in inst.name for f in filters):
-                continue
-            if shape_set and inst.shape_set != shape_set:
-                continue
-            chosen.append(inst)
-        return chosen
-
     def add_instance(
         self,
         kernel: str,
@@ -297,6 +278,7 @@ class Project:
         else:
             spec = KernelSpec(kernel, source.path, dtype, tuple(dtypes))
             kernels.append(replace(spec, shapes=((shape_set, tuple(bindings)),)))
+        self._check_sizes(spec, source, shape_set, dict(bindings))  # no 2**40 dims via a call
         self.pipeline = replace(self.pipeline, kernels=tuple(kernels), _index=None)
         self.kernels[kernel] = source
         inst = KernelInstance(

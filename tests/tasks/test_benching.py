@@ -197,3 +197,31 @@ def test_targets_benchmark_quick_smoke(tmp_path):
     assert "LIR instructions; execute" in out
     sim = [x for x in out.splitlines() if x.startswith("sim ") and "instr/s" in x]
     assert len(sim) == 2 and all("target >= 50,000/s" in x for x in sim)
+
+
+def test_a_project_kernel_at_explicit_sizes(built):
+    out = bench(
+        built, "--target", "sim", "--shape", "M=64,K=32,N=16", "--output-format", "json",
+        filters=("gemm",),
+    )  # fmt: skip
+    (row,) = json.loads(after_build_line(out))
+    assert row["kernel"] == "gemm.shape_K32_M64_N16" and row["cycles"] > 0
+    edf = built / "build" / "kiln" / "kernel" / "gemm" / "shape_K32_M64_N16" / "kernel.edf"
+    assert edf.is_file()
+    assert "shape_K32" not in (built / "pipeline.yaml").read_text()  # never written back
+
+
+@pytest.mark.parametrize(
+    "shape,message",
+    [
+        ("M=64,K=32", "missing: N"),
+        ("M=64,K=32,N=16,Q=2", "unknown: Q"),
+        ("M=0,K=1,N=1", "M must be at least 1"),
+        ("M64", "cannot read 'M64'"),
+        ("M=64,K=32,N=2000000000", "too large"),
+    ],
+)
+def test_bad_explicit_sizes_are_one_message(built, shape, message):
+    proc = run_kiln(built, "bench", "gemm", "--target", "cpu", "--shape", shape)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
