@@ -156,7 +156,6 @@ def run_bench(project, instances: list, args) -> int:
 
     from kiln.tasks.running import build_each
 
-
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the table/CSV/JSON
         unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
     built = [inst for inst in instances if inst.name not in unbuilt]

@@ -306,8 +306,7 @@ def find_pipeline(start: Path | None = None) -> Path:
         f"no pipeline file ({PIPELINE_FILE}) in {printable(str(here))} or any directory above it",
         expected="a Kiln project: a directory holding pipeline.yaml",
         found=str(here),
-        hint="run kiln inside a project, pass -f PATH/pipeline.yaml, "
-        "or start one with `kiln init`",
+        hint="run kiln inside a project, pass -f PATH/pipeline.yaml, or start one with `kiln init`",
     )
 
 

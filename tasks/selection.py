@@ -107,7 +107,7 @@ def one_instance(selection: Selection, command: str | None, what: str) -> object
     sets = [i.shape_set for i in instances]
     raise KilnError(
         f"{what} needs one shape set, but kernel {kernels[0]!r} has {len(sets)}",
-        expected="--shapes NAME (or the instance name, e.g. " f"{instances[0].name})",
+        expected=f"--shapes NAME (or the instance name, e.g. {instances[0].name})",
         found=", ".join(sets),
         hint=f"type e.g. `{_retyped(command, '--shapes', sets[0])}`",
     )

@@ -65,10 +65,14 @@ def test_broken_kernel_is_reported_and_every_other_kernel_builds(project):
     assert "20 ran, 0 up to date, 1 failed, 4 not run (an input failed)" in full.stdout
 
     status = run_kiln(project, "status", "broken_matmul")
-    assert "compile:broken_matmul.small.trace: would run\n    failed at the last build: " \
-        "kernels/broken.py:8: matmul inner dimensions differ" in status.stdout, status.stdout
-    assert "compile:broken_matmul.small.visa: would run\n    not built: its input " \
+    assert (
+        "compile:broken_matmul.small.trace: would run\n    failed at the last build: "
+        "kernels/broken.py:8: matmul inner dimensions differ" in status.stdout
+    ), status.stdout
+    assert (
+        "compile:broken_matmul.small.visa: would run\n    not built: its input "
         "compile:broken_matmul.small.trace failed at the last build" in status.stdout
+    )
     assert "never built" not in status.stdout
 
     shutil.copy(REPO / "dodo.py", project / "dodo.py")

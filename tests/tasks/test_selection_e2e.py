@@ -6,7 +6,7 @@ import json
 
 from tests.conftest import run_kiln
 
-GEMM_TWIN = '''\
+GEMM_TWIN = """\
 from kiln import Tensor, device
 
 
@@ -18,7 +18,7 @@ def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
 @device
 def gemm_bias_relu(a: Tensor["M", "K"], b: Tensor["K", "N"], bias: Tensor["N"]):
     return (a @ b + bias).relu()
-'''
+"""
 
 
 def with_gemm_bias_relu(project):
