@@ -29,6 +29,7 @@ from kiln.errors import KilnError
 KERNEL_PREFIX = "kernel:"
 APP_PREFIX = "app:"
 GLOB_CHARS = "*?["
+SINGLE_INSTANCE_COMMANDS = frozenset({"run"})  # a glob cannot help there
 # the filters of the selection being made, dropped from a suggested command line
 _LAST_FILTERS: list[str] = []
 
@@ -180,8 +181,12 @@ def _match(project, instances: list, pattern: str, command: str | None) -> list:
         f"{pattern!r} matches {len(kernels)} kernels: {', '.join(kernels)}",
         expected="an exact kernel name, an instance (kernel.shapes), or a glob",
         found=pattern,
-        hint=f"type `{_replace_filters(command, kernels[0], pattern)}`, or "
-        f"`{_replace_filters(command, repr_glob(pattern), pattern)}` for all of them",
+        hint=f"type `{_replace_filters(command, kernels[0], pattern)}`"
+        + (
+            ""
+            if command in SINGLE_INSTANCE_COMMANDS
+            else f", or `{_replace_filters(command, repr_glob(pattern), pattern)}` for all of them"
+        ),
     )
 
 

@@ -72,8 +72,11 @@ def test_an_ambiguous_substring_lists_the_candidates_and_the_command(project, mo
         select(project, ["row"], command="run")
     err = info.value
     assert "'row' matches 2 kernels: row_max, row_sum" in err.message
-    assert "kiln run row_max --target sim" in err.hint
-    assert "kiln run '*row*' --target sim" in err.hint
+    assert err.hint == "type `kiln run row_max --target sim`"  # run takes one: no glob
+    monkeypatch.setattr(sys, "argv", ["kiln", "compile", "row"])
+    with pytest.raises(KilnError) as info:
+        select(project, ["row"], command="compile")
+    assert "`kiln compile '*row*'` for all of them" in info.value.hint
 
 
 def test_no_match_names_the_kernels_and_the_nearest(project):
