@@ -19,7 +19,9 @@ Two series are printed:
   scaling target is judged here: time per LIR instruction, max / min
   across sizes, at most 1.5x.
 
-Both verdicts are printed for both series.
+Both figures are printed for both series; each target is judged on its
+own series (``met`` or ``MISSED``), then ``targets: N met, M missed``. The
+exit status is 1 when a target is missed.
 
     python benchmarks/compile_scaling.py [--repeat 3] [--small-tile 32] [--quick]
 
@@ -39,6 +41,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kiln.stages import edf, lir, schedule, trace, visa  # noqa: E402
+from verdicts import Targets  # noqa: E402
 
 from kiln.options import build_options  # noqa: E402
 from kiln.pipeline import load_pipeline  # noqa: E402
@@ -85,7 +88,7 @@ def measure(sizes, repeat: int, stage_options: dict[str, dict], machine: dict) -
     return points
 
 
-def report(title: str, points: list[dict], judged: str) -> tuple[float, float]:
+def report(title: str, points: list[dict], judged: str, targets: Targets) -> tuple[float, float]:
     """Print one series; returns (max/min time per instruction, total seconds at the largest)."""
     head = ["gemm", "LIR instrs", *(m.NAME for m in STAGES), "total", "(cpu)", "us/instr"]
     rows = [head]
@@ -111,15 +114,22 @@ def report(title: str, points: list[dict], judged: str) -> tuple[float, float]:
     per_cpu = [p["cpu"] / max(p["instrs"], 1) for p in points]
     ratio_cpu = max(per_cpu) / min(per_cpu)
     largest = points[-1]
-    verdict = "PASS" if ratio <= RATIO_TARGET else "FAIL"
-    full = "PASS" if largest["total"] < FULL_TARGET_S else "FAIL"
+
+    def verdict(what: str, label: str, ok: bool) -> str:
+        if judged == what:
+            return targets.judge(label, ok)
+        return f"not judged here, would {'meet' if ok else 'miss'} it"
+
+    ratio_ok, full_ok = ratio <= RATIO_TARGET, largest["total"] < FULL_TARGET_S
+    full_label = f"full gemm {largest['n']} pipeline"
     print(
         f"time per instruction max/min across sizes: {ratio:.2f}x (cpu time: {ratio_cpu:.2f}x) "
-        f"(target <= {RATIO_TARGET}x: {verdict}{'' if judged == 'ratio' else ', not judged here'})"
+        f"(target <= {RATIO_TARGET}x: {verdict('ratio', 'time per instruction', ratio_ok)})"
     )
     print(
         f"full pipeline, gemm {largest['n']}^3: {largest['total']:.3f} s "
-        f"(target < {FULL_TARGET_S:g} s: {full}{'' if judged == 'full' else ', not judged here'})"
+        f"(target < {FULL_TARGET_S:g} s: "
+        f"{verdict('full', full_label, full_ok)})"
     )
     return ratio, largest["total"]
 
@@ -139,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     t = args.small_tile
     small = {**default, "visa": {**default.get("visa", {}), "tile_m": t, "tile_n": t, "tile_k": t}}
 
+    targets = Targets()
     compile_once(QUICK_SIZES[0], default, machine)  # warm up: imports, first trace
     print(
         f"compile scaling: gemm f32 M=N=K on {MACHINE}; stage time = run + verify + serialize; "
@@ -148,11 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         "series 1: default tiles (pipeline.yaml visa options)",
         measure(sizes, repeat, default, machine),
         judged="full",
+        targets=targets,
     )
     ratio_s, full_s = report(
         f"series 2: small tiles (visa tile_m=tile_n=tile_k={t})",
         measure(sizes, repeat, small, machine),
         judged="ratio",
+        targets=targets,
     )
     print(
         f"\njudged: time per instruction on series 2 (small tiles): {ratio_s:.2f}x "
@@ -163,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         f"also: series 1 time per instruction {ratio_d:.2f}x (fixed per-stage cost dominates "
         f"its small sizes); series 2 full pipeline {full_s:.3f} s"
     )
-    return 0
+    return targets.finish()
 
 
 if __name__ == "__main__":

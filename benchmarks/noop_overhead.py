@@ -4,7 +4,9 @@ Generates a project with KERNELS kernels (one shape set each, the full
 stage table), builds it once, then times no-op runs of `doit compile`
 through Kiln's dodo.py, interleaved with no-op runs of a bare dodo that
 has the same number of file tasks (one file_dep, one target each). Prints
-both medians and their ratio (target: at most 1.5x).
+both medians and their ratio (target: wall time at most 1.5x), with met or
+MISSED, then ``targets: N met, M missed``; the exit status is 1 when the
+target is missed, 2 when a build fails.
 
     python benchmarks/noop_overhead.py [--kernels 600] [--repeat 7]
 """
@@ -21,9 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from verdicts import Targets, abort
+
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ["trace", "visa", "lir", "schedule", "edf"]
 PER_MODULE = 20
+RATIO_TARGET = 1.5  # kiln's no-op wall time over the bare dodo's
 
 BARE_DODO = """
 DOIT_CONFIG = {"backend": "sqlite3", "dep_file": ".bare.sqlite3", "verbosity": 0}
@@ -91,12 +96,12 @@ def doit(cwd: Path, *args: str) -> tuple[float, float]:
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
-        sys.exit(f"doit failed in {cwd}:\n{proc.stdout}\n{proc.stderr}")
+        abort(f"doit failed in {cwd}:\n{proc.stdout}\n{proc.stderr}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return elapsed, cpu
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", type=int, default=600)
     parser.add_argument("--repeat", type=int, default=7)
@@ -127,11 +132,14 @@ def main() -> None:
     cpu_ratio = statistics.median(s[1] for s in kiln_times) / statistics.median(
         s[1] for s in bare_times
     )
+    targets = Targets()
+    verdict = targets.judge("no-op wall time vs bare doit", wall_ratio <= RATIO_TARGET)
     print(
-        f"  ratio     {wall_ratio:10.2f}{cpu_ratio:10.2f}   (target <= 1.50x; CPU time is "
-        "the steadier figure on a shared machine)"
+        f"  ratio     {wall_ratio:10.2f}{cpu_ratio:10.2f}   (target: wall <= {RATIO_TARGET:.2f}x: "
+        f"{verdict}; CPU time is the steadier figure on a shared machine)"
     )
+    return targets.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,8 +19,9 @@ their ratio is the parallel overhead, and unlike wall time it hardly
 depends on how busy the machine is.
 
 Targets: speed-up (-n 1 time / -n 2 time) at least 1.5x, and at least
-85% of the calibration. A missed target prints MISSED and the script
-exits 1. On a busy machine both figures drop; the calibration shows how
+85% of the calibration. Each is printed with met or MISSED, then
+``targets: N met, M missed``; the exit status is 1 when a target is missed
+(2 when a build fails). On a busy machine both figures drop; the calibration shows how
 much, so compare the ratio before trusting the speed-up alone.
 
     python benchmarks/parallel.py [--copies 14] [--repeat 3] [--quick]
@@ -40,6 +41,7 @@ import time
 from pathlib import Path
 
 import yaml
+from verdicts import Targets, abort
 
 REPO = Path(__file__).resolve().parent.parent
 SPEEDUP_TARGET = 1.5
@@ -104,7 +106,7 @@ def kiln(root: Path, *args: str) -> float:
     seconds = time.perf_counter() - start
     CPU_SECONDS.setdefault(" ".join(args), []).append(children_cpu() - cpu)
     if proc.returncode != 0:
-        sys.exit(f"kiln {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        abort(f"kiln {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
     return seconds
 
 
@@ -162,7 +164,7 @@ def main() -> int:
     print(f"calibration: one process {c1:.2f} s, two side by side {c2:.2f} s")
     print(f"no-op -n 1: {statistics.median(noop):.2f} s  (runs: {_runs(noop)})")
     print()
-    missed = []
+    targets = Targets(judged=not args.quick)
     if args.quick:
         print("(--quick: figures printed, targets not judged)")
     size_ok = t1 >= MIN_SERIAL_SECONDS
@@ -182,16 +184,14 @@ def main() -> int:
         ),
     ]
     for label, value, target, ok in verdicts:
-        verdict = "" if ok is None or args.quick else ("PASS" if ok else "MISSED")
-        print(f"{label:26} {value:>7}  {target:30} {verdict}")
-        if ok is False and not args.quick:
-            missed.append(label)
+        verdict = "" if ok is None else targets.judge(label, ok)
+        print(f"{label:26} {value:>7}  {target:30} {verdict}".rstrip())
     if not size_ok and not args.quick:
         print(
             f"note: the -n 1 build took {t1:.1f} s, under the {MIN_SERIAL_SECONDS:.0f} s "
             "this benchmark is sized for; raise --copies"
         )
-    return 1 if missed else 0
+    return targets.finish()
 
 
 def _runs(values: list[float]) -> str:

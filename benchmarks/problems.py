@@ -8,8 +8,10 @@ when installed (`pip install -e '.[bench]'`), else its column is empty.
 
 Targets: gemm within 1.5x of torch, conv within 2.5x (IREE's CPU
 convolutions trail oneDNN), fused layernorm/softmax faster than torch.
+Each is printed with met or MISSED (not judged without torch), then
+``targets: N met, M missed``; the exit status is 1 when a target is missed.
 
-    python benchmarks/problems.py [--quick] [--repeat N] [--warmup N] [--check]
+    python benchmarks/problems.py [--quick] [--repeat N] [--warmup N]
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from verdicts import Targets  # noqa: E402
 
 RESNET50 = [  # (C, H, K, R, stride): conv2_x 3x3, conv3_x 3x3 s2 entry, conv4_x 1x1
     (64, 56, 64, 3, 1),
@@ -92,9 +96,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     opts = ap.parse_args()
-    missed = 0
+    targets = Targets()
     print(f"{'problem':44} {'iree ms':>9} {'numpy ms':>9} {'torch ms':>9}  target")
     for name, argv in problems(opts.quick):
         timing = ["--iter", str(opts.repeat), "--warmup", str(opts.warmup)]
@@ -102,18 +105,18 @@ def main() -> int:
         (iree,) = bench_problem(name, args)
         (cpu,) = bench_problem(name, parse([*argv, *timing, "--target", "cpu"])[1])
         torch_s = torch_seconds(name, args, opts.repeat, opts.warmup)
-        verdict = "n/a (no torch)"
-        if torch_s is not None:
+        if torch_s is None:
+            verdict = f"n/a (no torch): {targets.judge(iree['problem'], None)}"
+        else:
             ratio = iree["median_ms"] / (torch_s * 1e3)
-            ok = ratio <= TARGET_RATIO[name]
-            missed += not ok
-            verdict = f"{ratio:.2f}x torch ({'ok' if ok else 'MISSED'}, <= {TARGET_RATIO[name]}x)"
+            ok = targets.judge(iree["problem"], ratio <= TARGET_RATIO[name])
+            verdict = f"{ratio:.2f}x torch ({ok}, <= {TARGET_RATIO[name]}x)"
         torch_ms = f"{torch_s * 1e3:9.3f}" if torch_s is not None else f"{'-':>9}"
         print(
             f"{iree['problem']:44} {iree['median_ms']:9.3f} {cpu['median_ms']:9.3f} "
             f"{torch_ms}  {verdict}"
         )
-    return 1 if (opts.check and missed) else 0
+    return targets.finish()
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ Side by side, in one run, on a generated project of gemm kernels (a cold
 
     python benchmarks/scale_out.py [--kernels 64] [--size 192] [--quick]
 
-Exits non-zero when a target is missed (``--quick`` prints the figures
-and judges nothing: it is the smoke test).
+Each judged figure is printed with ``met`` or ``MISSED``, then ``targets: N
+met, M missed``; the exit status is 1 when a target is missed, 2 when a
+build fails (``--quick`` prints the figures and judges nothing: it is the
+smoke test).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from verdicts import Targets, abort
 
 REPO = Path(__file__).resolve().parent.parent
 STAGES = ("trace", "visa", "lir", "schedule", "edf")
@@ -78,7 +82,7 @@ def kiln(cwd: Path, *args: str, env: dict | None = None) -> tuple[float, str]:
     )
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
-        sys.exit(f"kiln {' '.join(args)} failed in {cwd}:\n{proc.stdout}\n{proc.stderr}")
+        abort(f"kiln {' '.join(args)} failed in {cwd}:\n{proc.stdout}\n{proc.stderr}")
     return elapsed, proc.stdout
 
 
@@ -142,10 +146,6 @@ def external_cluster(project: Path) -> float:
             proc.wait(timeout=30)
 
 
-def verdict(ok: bool) -> str:
-    return "ok" if ok else "MISSED"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", type=int, default=64)
@@ -178,17 +178,18 @@ def main(argv: list[str] | None = None) -> int:
     overhead_ms = max(t_dask - t_n2, 0.0) / instances * 1000
     clone_ratio = t_clone / t_noop
     hit_rate = fetched / max(fetched + compiled, 1)
+    targets = Targets(judged=not args.quick)
     print(f"generated project: {kernels} gemm {size}^3 kernels, {kernels * len(STAGES)} tasks")
     print(f"cold -n 1:                         {t_n1:7.2f} s")
     print(f"cold -n 2:                         {t_n2:7.2f} s")
     print(f"cold dask LocalCluster, 2 workers: {t_dask:7.2f} s")
     print(
         f"  speedup vs -n 1: {speedup:.2f}x (target >= {SPEEDUP_TARGET}x) "
-        f"{verdict(speedup >= SPEEDUP_TARGET)}"
+        f"{targets.judge('dask speedup vs -n 1', speedup >= SPEEDUP_TARGET)}"
     )
     print(
         f"  speed vs -n 2:   {vs_processes:.2f}x (target >= {VS_PROCESSES_TARGET}x) "
-        f"{verdict(vs_processes >= VS_PROCESSES_TARGET)}"
+        f"{targets.judge('dask speed vs -n 2', vs_processes >= VS_PROCESSES_TARGET)}"
     )
     print(f"dask scheduler + 2 workers, end to end: {t_cluster:7.2f} s")
     print(f"per-task overhead over -n 2: {overhead_ms:.1f} ms per kernel instance")
@@ -199,18 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"  clone / no-op: {clone_ratio:.2f}x (target <= {CLONE_TARGET}x, 0 compiled) "
-        f"{verdict(clone_ratio <= CLONE_TARGET and compiled == 0)}"
+        f"{targets.judge('clean clone', clone_ratio <= CLONE_TARGET and compiled == 0)}"
     )
     print(f"bytes uploaded: {uploaded}, bytes fetched: {downloaded}, hit rate: {hit_rate:.0%}")
-    if args.quick:
-        return 0
-    missed = (
-        speedup < SPEEDUP_TARGET
-        or vs_processes < VS_PROCESSES_TARGET
-        or clone_ratio > CLONE_TARGET
-        or compiled != 0
-    )
-    return 1 if missed else 0
+    return targets.finish()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ twice: with the ``critical-path`` policy and with the ``in-order``
 baseline. The lower bound and the ratio are ``kiln.summary.summarize``'s,
 so every figure matches what ``kiln compile K --dump-summary DIR`` writes.
 Prints one row per kernel and shape set, then the geomean of each column.
-Target: geomean of the critical-path ratio at most 1.10.
+Target: geomean of the critical-path ratio at most 1.10, printed with
+``met`` or ``MISSED``, then ``targets: N met, M missed``. A kernel that fails
+to compile is a missed target too; the exit status is 1 on any miss.
 
     python benchmarks/schedule_quality.py [--machine npu-v1|npu-tiny] [--quick | --all-shapes]
 
@@ -29,6 +31,7 @@ if str(REPO) not in sys.path:
 
 from kiln.stages import lir, schedule, trace, visa  # noqa: E402
 from kiln.tasks.discovery import Discovery, KernelSource  # noqa: E402
+from verdicts import Targets, abort  # noqa: E402
 
 from kiln.errors import KilnError  # noqa: E402
 from kiln.options import build_options  # noqa: E402
@@ -49,7 +52,7 @@ def find_kernels(pipeline: Pipeline) -> dict[str, KernelSource]:
             found[k.path] = k
     missing = [s.name for s in pipeline.kernels if (s.function or s.name) not in found]
     if missing:
-        raise SystemExit(f"kernels not found in {', '.join(pipeline.packages)}: {missing}")
+        abort(f"kernels not found in {', '.join(pipeline.packages)}: {missing}")
     return {s.name: found[s.function or s.name] for s in pipeline.kernels}
 
 
@@ -89,7 +92,7 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def format_table(rows: list[dict], failed: list[tuple[str, str]]) -> str:
+def format_table(rows: list[dict], failed: list[tuple[str, str]], targets: Targets) -> str:
     """Rows, the geomean line and the verdict, as aligned text."""
     cells = [list(HEADERS)]
     for r in rows:
@@ -129,8 +132,9 @@ def format_table(rows: list[dict], failed: list[tuple[str, str]]) -> str:
             lines.append("  ".join("-" * w for w in widths))
     for name, why in failed:
         lines.append(f"{name}: not compiled: {why}")
+        targets.judge(f"{name} compiles", False)
     cp = means["critical-path"]
-    verdict = "PASS" if cp <= TARGET else "FAIL"
+    verdict = targets.judge("geomean critical-path ratio", cp <= TARGET)
     lines.append("")
     lines.append(
         f"geomean makespan / lower bound: critical-path {cp:.3f} (target <= {TARGET:.2f}: "
@@ -171,9 +175,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(compile_row(pipeline, spec, sources[spec.name], size, machine))
             except KilnError as err:
                 failed.append((f"{spec.name}.{size}", err.message))
-    print(format_table(rows, failed), end="")
+    if not rows:
+        abort("no kernel instance compiled: " + "; ".join(f"{n}: {why}" for n, why in failed))
+    targets = Targets()
+    print(format_table(rows, failed, targets), end="")
     print(f"({len(rows)} kernel instances compiled in {time.perf_counter() - start:.1f} s)")
-    return 1 if failed or not rows else 0
+    return targets.finish()
 
 
 if __name__ == "__main__":

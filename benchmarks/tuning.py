@@ -13,7 +13,9 @@ The default makespans are frozen as they were when `kiln tune` was
 introduced, so a later improvement of a default rule is not counted twice.
 Targets: geomean speed-up over the ``large`` shape sets at least 1.2x, no
 kernel slower than its frozen default, all sim tests pass, 0 trials on the
-second run. A missed target prints MISSED and the script exits 1.
+second run. Each is printed with met or MISSED, then ``targets: N met, M
+missed``; the exit status is 1 when a target is missed (2 when the first
+``kiln tune`` fails).
 
     python benchmarks/tuning.py [--budget 200] [--seed 0] [-n 2] [--quick]
 """
@@ -30,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from verdicts import Targets, abort
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -97,7 +101,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="budget 24, large sets only")
     args = parser.parse_args()
     budget = 24 if args.quick else args.budget
-    missed: list[str] = []
+    targets = Targets()
     with tempfile.TemporaryDirectory(prefix="kiln-tuning-bench-") as tmp:
         project = scratch_project(Path(tmp))
         select = ["*.large"] if args.quick else []
@@ -115,14 +119,14 @@ def main() -> int:
         )
         tune_seconds = time.perf_counter() - start
         if tuned.returncode != 0:
-            print(tuned.stdout + tuned.stderr)
-            return 1
+            abort(tuned.stdout + tuned.stderr)
         records = {
             r["instance"]: r
             for r in map(json.loads, (project / "tuning.jsonl").read_text().splitlines())
         }
         print(f"{'instance':28} {'frozen':>8} {'default':>8} {'tuned':>8} {'speed-up':>9}  knobs")
         speedups: dict[str, float] = {}
+        slower: list[str] = []
         for name in sorted(records):
             r = records[name]
             frozen = FROZEN_DEFAULTS.get(name, r["default_cycles"])
@@ -130,25 +134,26 @@ def main() -> int:
             knobs = " ".join(
                 f"{s}.{k}={v}" for s in sorted(r["knobs"]) for k, v in r["knobs"][s].items()
             )
-            slower = "  SLOWER" if r["tuned_cycles"] > frozen else ""
+            if r["tuned_cycles"] > frozen:
+                slower.append(name)
             print(
                 f"{name:28} {frozen:8} {r['default_cycles']:8} {r['tuned_cycles']:8} "
-                f"{speedups[name]:8.3f}x  {knobs or '(defaults)'}{slower}"
+                f"{speedups[name]:8.3f}x  {knobs or '(defaults)'}"
+                + ("  SLOWER" if name in slower else "")
             )
-            if slower:
-                missed.append(f"{name} slower than its frozen default")
+        verdict = targets.judge("no kernel slower than its frozen default", not slower)
+        print(f"kernels slower than their frozen default: {', '.join(slower) or 'none'}  {verdict}")
         large = [v for k, v in speedups.items() if k.endswith(".large")]
         small = [v for k, v in speedups.items() if not k.endswith(".large")]
         g_large, g_small = geomean(large), geomean(small)
         trials = sum(r["trials"] for r in records.values())
+        verdict = targets.judge("geomean speed-up, large sets", g_large >= TARGET_GEOMEAN)
         print(
-            f"\ngeomean speed-up, large sets: {g_large:.3f}x (target >= {TARGET_GEOMEAN}x)"
-            + ("" if g_large >= TARGET_GEOMEAN else "  MISSED")
+            f"\ngeomean speed-up, large sets: {g_large:.3f}x (target >= {TARGET_GEOMEAN}x)  "
+            + verdict
         )
         if small:
             print(f"geomean speed-up, other sets: {g_small:.3f}x")
-        if g_large < TARGET_GEOMEAN:
-            missed.append("geomean speed-up")
         print(
             f"tuning: {trials} trials in {tune_seconds:.1f} s with -n {args.process} "
             f"({trials / tune_seconds:.0f} trials/s, whole process)"
@@ -158,20 +163,16 @@ def main() -> int:
         summary = next((x for x in tested.stdout.splitlines() if x.startswith("kiln test:")), "")
         ok = tested.returncode == 0
         print(
-            f"sim vs oracle on the tuned build: {summary or tested.stderr.strip()}"
-            + ("" if ok else "  MISSED")
+            f"sim vs oracle on the tuned build: {summary or tested.stderr.strip()}  "
+            + targets.judge("tuned kernels pass on sim", ok)
         )
-        if not ok:
-            missed.append("tuned kernels on sim")
 
         again = kiln(project, "tune", *select, "--budget", str(budget), "--seed", str(args.seed))
         zero = " 0 trials" in again.stdout and again.returncode == 0
         print(
-            f"second kiln tune: {again.stdout.strip().splitlines()[-1] if again.stdout else ''}"
-            + ("" if zero else "  MISSED")
+            f"second kiln tune: {again.stdout.strip().splitlines()[-1] if again.stdout else ''}  "
+            + targets.judge("second tune performs 0 trials", zero)
         )
-        if not zero:
-            missed.append("second tune performs trials")
 
         rates = {}
         for jobs in (1, 2):
@@ -194,8 +195,7 @@ def main() -> int:
             f"trials/s on gemm.large: -n 1 {rates[1]:.1f}, -n 2 {rates[2]:.1f} "
             f"(speed-up {rates[2] / rates[1]:.2f}x)"
         )
-    print("PASS: every target met" if not missed else "MISSED: " + "; ".join(missed))
-    return 0 if not missed else 1
+    return targets.finish()
 
 
 if __name__ == "__main__":

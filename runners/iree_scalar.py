@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from kiln.errors import TargetError
 from kiln.ir.graph import Graph, Node
 from kiln.ir.interp import NUMPY_DTYPES
-
-if TYPE_CHECKING:
-    from kiln.runners.iree_mlir import _Func
 
 ELEM = {"f32": "f32", "f16": "f16", "bf16": "bf16", "i32": "i32", "bool": "i1"}
 FLOATS = ("f32", "f16", "bf16")
@@ -89,10 +86,16 @@ def reassociation(rank: int, kept: list[int]) -> str:
 # ``t`` is the element type the args have: f32 for widened halves.
 
 
+class SsaNames(Protocol):
+    """What a body needs of the function it is written into: fresh SSA value names."""
+
+    def fresh(self) -> str: ...
+
+
 class Body:
     """The region of one linalg.generic: scalar ops appended in order."""
 
-    def __init__(self, fn: _Func):
+    def __init__(self, fn: SsaNames):
         self.fn = fn
         self.lines: list[str] = []
         self._consts: dict[tuple[str, str], str] = {}

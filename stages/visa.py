@@ -16,8 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.stages.visa_emit import _EMIT, _Emitter
-from kiln.stages.visa_plan import _homes, _Planner, _tiles
+from kiln.stages.visa_emit import EMIT, Emitter
+from kiln.stages.visa_plan import Planner, dram_homes, tile_sizes
 
 from kiln.errors import ArtifactError, Location, VerifyError
 from kiln.fsutil import write_bytes_atomic
@@ -65,14 +65,14 @@ def run_with_side_artifacts(
 
 
 def _run(graph: Graph, options: Options, machine: dict) -> tuple[visa.Program, list[int]]:
-    tiles = _tiles(options, machine)
-    plan = _Planner(graph, options.fusion, tiles)
-    tensors, home, pads = _homes(plan)
-    emitter = _Emitter(plan, tiles, home, pads)
+    tiles = tile_sizes(options, machine)
+    plan = Planner(graph, options.fusion, tiles)
+    tensors, home, pads = dram_homes(plan)
+    emitter = Emitter(plan, tiles, home, pads)
     for group in plan.groups:
         subject = group.node or group.producer or (group.members[0] if group.members else None)
         emitter.current = subject.id if subject is not None else -1
-        _EMIT[group.kind](emitter, group)
+        EMIT[group.kind](emitter, group)
     program = visa.Program(
         kernel=graph.name,
         bindings=tuple(graph.bindings),

@@ -10,18 +10,18 @@ import math
 from itertools import product
 
 from kiln.stages.visa_plan import (
-    _boxes,
-    _compact,
-    _contig,
-    _fit,
-    _fit_rows,
-    _fit_transpose,
-    _Group,
-    _imm,
-    _Planner,
-    _producer_box,
-    _Ref,
-    _Tiles,
+    DramRef,
+    Group,
+    Planner,
+    TileSizes,
+    compact_view,
+    contiguous_strides,
+    fit_box,
+    fit_rows,
+    fit_transpose,
+    iter_boxes,
+    producer_box,
+    rounded_imm,
 )
 
 from kiln.ir import visa
@@ -30,10 +30,10 @@ from kiln.ir.ops import OPS as GRAPH_OPS
 from kiln.ir.visa import Imm, Tile, View
 
 
-class _Emitter:
+class Emitter:
     """Pass 3: unrolled instructions and the buffers they use."""
 
-    def __init__(self, plan: _Planner, tiles: _Tiles, home: dict[int, str], pads: dict[int, str]):
+    def __init__(self, plan: Planner, tiles: TileSizes, home: dict[int, str], pads: dict[int, str]):
         self.plan = plan
         self.graph = plan.graph
         self.tiles = tiles
@@ -74,7 +74,7 @@ class _Emitter:
         if isinstance(ref, Imm):
             return None
         offset = ref.offset + sum(o * s for o, s in zip(origin, ref.strides, strict=True))
-        return _compact(View(self.home[ref.base], offset, tuple(extent), ref.strides))
+        return compact_view(View(self.home[ref.base], offset, tuple(extent), ref.strides))
 
     def operand(self, nid: int, buf: str, view: View | None, shape, cap) -> Tile:
         """Node ``nid``'s data in ``buf``: loaded from ``view``, or filled (no view: immediate)."""
@@ -92,11 +92,11 @@ class _Emitter:
         tensor = dest or self.home.get(nid)
         if tensor is None:
             return
-        strides = _contig(shape if shape is not None else self.graph.node(nid).shape)
+        strides = contiguous_strides(shape if shape is not None else self.graph.node(nid).shape)
         offset = sum(o * s for o, s in zip(origin, strides, strict=True))
-        self.emit("store", _compact(View(tensor, offset, tuple(extent), strides)), tile)
+        self.emit("store", compact_view(View(tensor, offset, tuple(extent), strides)), tile)
 
-    def value(self, g: _Group, nid: int, vals: dict, origin, extent, box, need_tile=False):
+    def value(self, g: Group, nid: int, vals: dict, origin, extent, box, need_tile=False):
         if nid in g.aliases:
             return vals[g.aliases[nid]]
         if nid in vals:
@@ -108,16 +108,16 @@ class _Emitter:
         return vals[nid]
 
     # -- groups ------------------------------------------------------------------
-    def fused(self, g: _Group) -> None:
+    def fused(self, g: Group) -> None:
         axes = g.axes or ()
         if g.producer is not None:
-            box = _producer_box(g.producer, self.tiles)
+            box = producer_box(g.producer, self.tiles)
         elif g.resident:
-            box = _fit_rows(g.shape, axes, self.tiles.vector)
+            box = fit_rows(g.shape, axes, self.tiles.vector)
         else:
-            box = _fit(g.shape, self.tiles.vector)
+            box = fit_box(g.shape, self.tiles.vector)
         kept_box = tuple(1 if a in axes else b for a, b in enumerate(box))
-        for origin, extent, first, last in _boxes(g.shape, box, axes):
+        for origin, extent, first, last in iter_boxes(g.shape, box, axes):
             rows = (
                 tuple(0 if a in axes else o for a, o in enumerate(origin)),
                 tuple(1 if a in axes else e for a, e in enumerate(extent)),
@@ -143,7 +143,7 @@ class _Emitter:
                 vals[m.id] = dst
                 self.store(m.id, dst, at, ext)
 
-    def reduce_step(self, g: _Group, red: Node, axes, vals, where, first, last) -> Tile | None:
+    def reduce_step(self, g: Group, red: Node, axes, vals, where, first, last) -> Tile | None:
         """Reduce one box into the accumulator; after the last box, finish and store."""
         origin, extent, box = where
         src = self.value(g, red.inputs[0], vals, origin, extent, box, need_tile=True)
@@ -159,7 +159,7 @@ class _Emitter:
         if red.op == "mean":
             count = math.prod(g.shape[a] for a in axes)
             mean = Tile(self.buffer(f"mean{red.id}", adt, cap), kept)
-            self.emit("div", mean, out, _imm(count, adt))
+            self.emit("div", mean, out, rounded_imm(count, adt))
             out = mean
         if adt != red.dtype:
             cast = Tile(self.buffer(f"v{red.id}", red.dtype, cap), kept)
@@ -170,15 +170,15 @@ class _Emitter:
         self.store(red.id, out, at, kept, shape=shape)
         return out
 
-    def transpose(self, g: _Group) -> None:
+    def transpose(self, g: Group) -> None:
         node = g.node
         src = node.inputs[0]
         perm = tuple(node.attr("perm"))
-        box = _fit_transpose(node.shape, perm, self.tiles.vector)
+        box = fit_transpose(node.shape, perm, self.tiles.vector)
         in_box = [0] * len(perm)
         for i, p in enumerate(perm):
             in_box[p] = box[i]
-        for origin, extent, _, _ in _boxes(node.shape, box):
+        for origin, extent, _, _ in iter_boxes(node.shape, box):
             at, ext = [0] * len(perm), [0] * len(perm)
             for i, p in enumerate(perm):
                 at[p], ext[p] = origin[i], extent[i]
@@ -187,34 +187,34 @@ class _Emitter:
             self.emit("transpose", out, tile, perm=perm)
             self.store(node.id, out, origin, extent)
 
-    def copy(self, g: _Group) -> None:
+    def copy(self, g: Group) -> None:
         node = g.node
-        box = _fit(node.shape, self.tiles.vector)
-        for origin, extent, _, _ in _boxes(node.shape, box):
+        box = fit_box(node.shape, self.tiles.vector)
+        for origin, extent, _, _ in iter_boxes(node.shape, box):
             tile = self.tile(node.id, f"in{node.id}_g{g.index}", origin, extent, box)
             self.store(node.id, tile, origin, extent, dest=g.dest or self.home[node.id])
 
-    def concat(self, g: _Group) -> None:
+    def concat(self, g: Group) -> None:
         node = g.node
         axis = node.attr("axis")
         start = 0
         for src in node.inputs:
             shape = self.graph.node(src).shape
-            box = _fit(shape, self.tiles.vector)
-            for origin, extent, _, _ in _boxes(shape, box):
+            box = fit_box(shape, self.tiles.vector)
+            for origin, extent, _, _ in iter_boxes(shape, box):
                 tile = self.tile(src, f"in{src}_g{g.index}", origin, extent, box)
                 at = tuple(o + start if a == axis else o for a, o in enumerate(origin))
                 self.store(node.id, tile, at, extent)
             start += shape[axis]
 
-    def pad(self, g: _Group) -> None:
+    def pad(self, g: Group) -> None:
         """Zero the border of the padded conv input, then copy the input into its middle."""
         conv = g.node
         x = self.graph.node(conv.inputs[0])
         n, h, w, c = x.shape
         ph, pw = conv.attr("padding")
         name = self.pads[conv.id]
-        strides = _contig((n, h + 2 * ph, w + 2 * pw, c))
+        strides = contiguous_strides((n, h + 2 * ph, w + 2 * pw, c))
         regions = [
             ((0, 0, 0, 0), (n, ph, w + 2 * pw, c)),
             ((0, ph + h, 0, 0), (n, ph, w + 2 * pw, c)),
@@ -223,22 +223,22 @@ class _Emitter:
         ]
         boxes = []
         for start, shape in regions:
-            for origin, extent, _, _ in _boxes(shape, _fit(shape, self.tiles.vector)):
+            for origin, extent, _, _ in iter_boxes(shape, fit_box(shape, self.tiles.vector)):
                 boxes.append((tuple(s + o for s, o in zip(start, origin, strict=True)), extent))
         if boxes:
             cap = max(math.prod(e) for _, e in boxes)
             zero = Tile(self.buffer(f"zero{conv.id}", x.dtype, (cap,)), (cap,))
-            self.emit("fill", zero, _imm(0, x.dtype))
+            self.emit("fill", zero, rounded_imm(0, x.dtype))
             for origin, extent in boxes:
                 offset = sum(o * s for o, s in zip(origin, strides, strict=True))
-                view = _compact(View(name, offset, extent, strides))
+                view = compact_view(View(name, offset, extent, strides))
                 self.emit("store", view, Tile(zero.buf, extent))
-        box = _fit(x.shape, self.tiles.vector)
-        for origin, extent, _, _ in _boxes(x.shape, box):
+        box = fit_box(x.shape, self.tiles.vector)
+        for origin, extent, _, _ in iter_boxes(x.shape, box):
             tile = self.tile(x.id, f"in{x.id}_g{g.index}", origin, extent, box)
             at = (origin[0], origin[1] + ph, origin[2] + pw, origin[3])
             offset = sum(o * s for o, s in zip(at, strides, strict=True))
-            self.emit("store", _compact(View(name, offset, extent, strides)), tile)
+            self.emit("store", compact_view(View(name, offset, extent, strides)), tile)
 
     # -- producers ---------------------------------------------------------------
     def finish(self, node: Node, acc: Tile, extent, box) -> Tile:
@@ -265,7 +265,7 @@ class _Emitter:
             tb = self.operand(b, f"rhs{node.id}", vb, (bk, bn), (tk, cn))
             self.emit("mma", acc, ta, tb, acc=int(k0 > 0))
         if k == 0:
-            self.emit("fill", acc, _imm(0, visa.acc_dtype(node.dtype)))
+            self.emit("fill", acc, rounded_imm(0, visa.acc_dtype(node.dtype)))
         return self.finish(node, acc, extent, box)
 
     def conv2d(self, node: Node, origin, extent, box) -> Tile:
@@ -279,8 +279,12 @@ class _Emitter:
         if node.id in self.pads:
             _, hh, ww, cc = self.graph.node(x).shape
             ph, pw = node.attr("padding")
-            xt, xoff, xs = self.pads[node.id], 0, _contig((1, hh + 2 * ph, ww + 2 * pw, cc))
-        elif isinstance(xref, _Ref):
+            xt, xoff, xs = (
+                self.pads[node.id],
+                0,
+                contiguous_strides((1, hh + 2 * ph, ww + 2 * pw, cc)),
+            )
+        elif isinstance(xref, DramRef):
             xt, xoff, xs = self.home[xref.base], xref.offset, xref.strides
         acc = Tile(
             self.buffer(f"acc{node.id}", visa.acc_dtype(node.dtype), (cap_m, cap_n)),
@@ -291,11 +295,11 @@ class _Emitter:
         for i, j, c0 in product(range(kh), range(kw), range(0, c, tk)):
             bc = min(tk, c - c0)
             va = None
-            if node.id in self.pads or isinstance(xref, _Ref):
+            if node.id in self.pads or isinstance(xref, DramRef):
                 off = xoff + n * xs[0] + (oh0 * sh + i * dh) * xs[1]
                 off += (ow0 * sw + j * dw) * xs[2] + c0 * xs[3]
                 strides = (sh * xs[1], sw * xs[2], xs[3])
-                va = _compact(View(xt, off, (rows, owb, bc), strides))
+                va = compact_view(View(xt, off, (rows, owb, bc), strides))
             vb = self.view(w, (i, j, c0, f0), (1, 1, bc, fb))
             ta = self.operand(x, f"lhs{node.id}", va, (rows * owb, bc), (cap_m, tk))
             tb = self.operand(w, f"rhs{node.id}", vb, (bc, fb), (tk, cap_n))
@@ -304,11 +308,11 @@ class _Emitter:
         return self.finish(node, acc, extent, box)
 
 
-_PRODUCE = {"matmul": _Emitter.matmul, "conv2d": _Emitter.conv2d}
-_EMIT = {
-    "fused": _Emitter.fused,
-    "transpose": _Emitter.transpose,
-    "copy": _Emitter.copy,
-    "pad": _Emitter.pad,
-    "concat": _Emitter.concat,
+_PRODUCE = {"matmul": Emitter.matmul, "conv2d": Emitter.conv2d}
+EMIT = {
+    "fused": Emitter.fused,
+    "transpose": Emitter.transpose,
+    "copy": Emitter.copy,
+    "pad": Emitter.pad,
+    "concat": Emitter.concat,
 }

@@ -2,7 +2,7 @@
 
 The planner walks the traced graph once and puts every computing node into
 a group (a fused chain with an optional matmul/conv producer and an optional
-reduction, a transpose, a copy or a conv padding); ``_homes`` then gives
+reduction, a transpose, a copy or a conv padding); ``dram_homes`` then gives
 every value that lives in DRAM its tensor. Used by stages/visa.py.
 """
 
@@ -27,14 +27,14 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class _Tiles:
+class TileSizes:
     m: int
     n: int
     k: int
     vector: int
 
 
-def _tiles(options: Options, machine: dict) -> _Tiles:
+def tile_sizes(options: Options, machine: dict) -> TileSizes:
     """Tile sizes: options win; else the largest of 4x/2x/1x the machine tile that fits."""
     for key in ("tile_m", "tile_n", "tile_k", "vector_tile"):
         if getattr(options, key) < 0:
@@ -46,12 +46,12 @@ def _tiles(options: Options, machine: dict) -> _Tiles:
         f //= 2
     lanes = int(machine.get("vector", {}).get("lanes", 64))
     vector = options.vector_tile or max(lanes, min(lanes * 64, sram // 256))
-    return _Tiles(
+    return TileSizes(
         options.tile_m or tm * f, options.tile_n or tn * f, options.tile_k or tk * f, vector
     )
 
 
-def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, acc = [], 1
     for d in reversed(shape):
         strides.append(acc)
@@ -60,10 +60,12 @@ def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _is_contig(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    return all(d == 1 or s == c for d, s, c in zip(shape, strides, _contig(shape), strict=True))
+    return all(
+        d == 1 or s == c for d, s, c in zip(shape, strides, contiguous_strides(shape), strict=True)
+    )
 
 
-def _fit(shape: tuple[int, ...], budget: int) -> tuple[int, ...]:
+def fit_box(shape: tuple[int, ...], budget: int) -> tuple[int, ...]:
     """A box of at most ``budget`` elements, filled from the last axis."""
     box = []
     for d in reversed(shape):
@@ -73,7 +75,7 @@ def _fit(shape: tuple[int, ...], budget: int) -> tuple[int, ...]:
     return tuple(reversed(box))
 
 
-def _boxes(shape: tuple[int, ...], box: tuple[int, ...], inner: tuple[int, ...] = ()):
+def iter_boxes(shape: tuple[int, ...], box: tuple[int, ...], inner: tuple[int, ...] = ()):
     """Yield (origin, extent, first, last); ``inner`` axes vary fastest, first/last along them."""
     outer = [a for a in range(len(shape)) if a not in inner]
     steps = {a: range(0, shape[a], box[a]) for a in range(len(shape))}
@@ -87,7 +89,7 @@ def _boxes(shape: tuple[int, ...], box: tuple[int, ...], inner: tuple[int, ...] 
             yield tuple(origin), extent, j == 0, j == len(inner_list) - 1
 
 
-def _compact(view: View) -> View:
+def compact_view(view: View) -> View:
     """Drop size-1 dims and merge dims that are contiguous with each other."""
     dims = [(d, s) for d, s in zip(view.shape, view.strides, strict=True) if d != 1]
     merged: list[tuple[int, int]] = []
@@ -99,7 +101,7 @@ def _compact(view: View) -> View:
     return View(view.tensor, view.offset, tuple(d for d, _ in merged), tuple(s for _, s in merged))
 
 
-def _imm(value, dtype: str) -> Imm:
+def rounded_imm(value, dtype: str) -> Imm:
     """An immediate rounded to ``dtype`` as the interpreter rounds const nodes."""
     rounded = np.asarray(value).astype(NUMPY_DTYPES[dtype]).item()
     if dtype in visa.FLOAT_DTYPES:
@@ -108,7 +110,7 @@ def _imm(value, dtype: str) -> Imm:
 
 
 @dataclass(frozen=True)
-class _Ref:
+class DramRef:
     """Elements of node ``base``'s contiguous DRAM data: offset and strides per dim."""
 
     base: int
@@ -117,7 +119,7 @@ class _Ref:
 
 
 @dataclass
-class _Group:
+class Group:
     """A unit of emission. A fused group runs its members box by box on resident tiles.
 
     Its reductions share ``axes``. When every box spans those axes whole
@@ -161,18 +163,18 @@ class _Group:
 _ELEMENTWISE = ("unary", "binary", "compare", "select", "cast")
 
 
-class _Planner:
+class Planner:
     """Pass 1: groups in emission order, the location of every value, fusion decisions."""
 
-    def __init__(self, graph: Graph, fusion: bool, tiles: _Tiles):
+    def __init__(self, graph: Graph, fusion: bool, tiles: TileSizes):
         self.graph = graph
         self.fusion = fusion
         self.tiles = tiles
-        self.groups: list[_Group] = []
-        self.group_of: dict[int, _Group] = {}
-        self.loc: dict[int, _Ref | Imm] = {}
+        self.groups: list[Group] = []
+        self.group_of: dict[int, Group] = {}
+        self.loc: dict[int, DramRef | Imm] = {}
         self.avail: dict[int, int] = {}  # node -> index of the group that makes its data
-        self.copies: dict[int, _Group] = {}  # view node -> the group materializing it
+        self.copies: dict[int, Group] = {}  # view node -> the group materializing it
         for node in graph.nodes:
             kind = GRAPH_OPS[node.op].kind if node.op in GRAPH_OPS else None
             handler = _PLAN.get(node.op) or _PLAN.get(kind)
@@ -183,22 +185,22 @@ class _Planner:
                 )
             handler(self, node)
 
-    def new(self, kind: str, shape: tuple[int, ...], **kw) -> _Group:
-        group = _Group(len(self.groups), kind, shape, **kw)
+    def new(self, kind: str, shape: tuple[int, ...], **kw) -> Group:
+        group = Group(len(self.groups), kind, shape, **kw)
         self.groups.append(group)
         return group
 
-    def computed(self, node: Node, group: _Group) -> None:
+    def computed(self, node: Node, group: Group) -> None:
         self.group_of[node.id] = group
-        self.loc[node.id] = _Ref(node.id, 0, _contig(node.shape))
+        self.loc[node.id] = DramRef(node.id, 0, contiguous_strides(node.shape))
         self.avail[node.id] = group.index
 
     def arg(self, node: Node) -> None:
-        self.loc[node.id] = _Ref(node.id, 0, _contig(node.shape))
+        self.loc[node.id] = DramRef(node.id, 0, contiguous_strides(node.shape))
         self.avail[node.id] = -1
 
     def const(self, node: Node) -> None:
-        self.loc[node.id] = _imm(node.attr("value"), node.dtype)
+        self.loc[node.id] = rounded_imm(node.attr("value"), node.dtype)
         self.avail[node.id] = -1
 
     def broadcast(self, node: Node) -> None:
@@ -213,7 +215,7 @@ class _Planner:
             s if d == o else 0
             for d, o, s in zip(src.shape, node.shape[lead:], ref.strides, strict=True)
         ]
-        self.loc[node.id] = _Ref(ref.base, ref.offset, tuple(strides))
+        self.loc[node.id] = DramRef(ref.base, ref.offset, tuple(strides))
         group = self.group_of.get(src.id)
         if (
             self.fusion
@@ -236,9 +238,9 @@ class _Planner:
         if not _is_contig(src.shape, ref.strides):  # materialize the view first
             if src.id not in self.copies:
                 self.copies[src.id] = self.new("copy", src.shape, node=src)
-            ref = _Ref(src.id, 0, _contig(src.shape))
+            ref = DramRef(src.id, 0, contiguous_strides(src.shape))
             self.avail[node.id] = self.copies[src.id].index
-        self.loc[node.id] = _Ref(ref.base, ref.offset, _contig(node.shape))
+        self.loc[node.id] = DramRef(ref.base, ref.offset, contiguous_strides(node.shape))
 
     def transpose(self, node: Node) -> None:
         self.computed(node, self.new("transpose", node.shape, node=node))
@@ -253,7 +255,7 @@ class _Planner:
         starts, steps = node.attr("starts"), node.attr("steps")
         offset = ref.offset + sum(a * s for a, s in zip(starts, ref.strides, strict=True))
         strides = tuple(s * k for s, k in zip(ref.strides, steps, strict=True))
-        self.loc[node.id] = _Ref(ref.base, offset, strides)
+        self.loc[node.id] = DramRef(ref.base, offset, strides)
 
     def concat(self, node: Node) -> None:
         """Each input copied into its place in the result."""
@@ -266,7 +268,7 @@ class _Planner:
         group.members.append(node)
         self.computed(node, group)
 
-    def _join_target(self, node: Node) -> _Group | None:
+    def _join_target(self, node: Node) -> Group | None:
         open_groups = [
             g
             for i in node.inputs
@@ -297,7 +299,7 @@ class _Planner:
         if group.axes is None:
             group.axes = axes
             if group.producer is not None:
-                box = _producer_box(group.producer, self.tiles)
+                box = producer_box(group.producer, self.tiles)
                 group.resident = all(box[a] == group.shape[a] for a in axes)
             else:
                 group.resident = math.prod(group.shape[a] for a in axes) <= self.tiles.vector
@@ -311,21 +313,21 @@ class _Planner:
 
 
 _PLAN = {
-    "arg": _Planner.arg,
-    "const": _Planner.const,
-    "broadcast": _Planner.broadcast,
-    "reshape": _Planner.reshape,
-    "transpose": _Planner.transpose,
-    "slice": _Planner.slice,
-    "concat": _Planner.concat,
-    "reduce": _Planner.reduce,
-    "matmul": _Planner.producer,
-    "conv2d": _Planner.producer,
-    **{kind: _Planner.elementwise for kind in _ELEMENTWISE},
+    "arg": Planner.arg,
+    "const": Planner.const,
+    "broadcast": Planner.broadcast,
+    "reshape": Planner.reshape,
+    "transpose": Planner.transpose,
+    "slice": Planner.slice,
+    "concat": Planner.concat,
+    "reduce": Planner.reduce,
+    "matmul": Planner.producer,
+    "conv2d": Planner.producer,
+    **{kind: Planner.elementwise for kind in _ELEMENTWISE},
 }
 
 
-def _homes(plan: _Planner) -> tuple[list[visa.DramTensor], dict[int, str], dict[int, str]]:
+def dram_homes(plan: Planner) -> tuple[list[visa.DramTensor], dict[int, str], dict[int, str]]:
     """Pass 2: a DRAM tensor for every argument, result, stored value and conv padding."""
     graph = plan.graph
     tensors: list[visa.DramTensor] = []
@@ -347,7 +349,7 @@ def _homes(plan: _Planner) -> tuple[list[visa.DramTensor], dict[int, str], dict[
         name = add(f"out{i}", "output", node.shape, node.dtype)
         ref = plan.loc[oid]
         if (
-            isinstance(ref, _Ref)
+            isinstance(ref, DramRef)
             and ref.offset == 0
             and _is_contig(node.shape, ref.strides)
             and ref.base in defined
@@ -355,11 +357,11 @@ def _homes(plan: _Planner) -> tuple[list[visa.DramTensor], dict[int, str], dict[
         ):
             home[ref.base] = name
         else:
-            plan.groups.append(_Group(len(plan.groups), "copy", node.shape, node=node, dest=name))
+            plan.groups.append(Group(len(plan.groups), "copy", node.shape, node=node, dest=name))
     users = graph.users()
     outputs = set(graph.outputs)
 
-    def used_outside(g: _Group, nid: int) -> bool:
+    def used_outside(g: Group, nid: int) -> bool:
         return any(
             plan.group_of.get(u) is not g or (u in g.aliases and used_outside(g, u))
             for u in users[nid]
@@ -379,7 +381,7 @@ def _homes(plan: _Planner) -> tuple[list[visa.DramTensor], dict[int, str], dict[
     return tensors, home, pads
 
 
-def _producer_box(node: Node, t: _Tiles) -> tuple[int, ...]:
+def producer_box(node: Node, t: TileSizes) -> tuple[int, ...]:
     """The output box of one matmul/conv tile: tile_m x tile_n (conv: whole output rows)."""
     if node.op == "matmul":
         m, n = node.shape[-2:]
@@ -390,7 +392,7 @@ def _producer_box(node: Node, t: _Tiles) -> tuple[int, ...]:
     return (1, 1, t.m, min(t.n, f))
 
 
-def _fit_rows(shape: tuple[int, ...], axes: tuple[int, ...], budget: int) -> tuple[int, ...]:
+def fit_rows(shape: tuple[int, ...], axes: tuple[int, ...], budget: int) -> tuple[int, ...]:
     """A box spanning the reduced ``axes`` whole, the rest filled from the last axis."""
     box = [shape[a] if a in axes else 1 for a in range(len(shape))]
     rest = max(1, budget // max(1, math.prod(box)))
@@ -401,12 +403,12 @@ def _fit_rows(shape: tuple[int, ...], axes: tuple[int, ...], budget: int) -> tup
     return tuple(box)
 
 
-def _fit_transpose(shape: tuple[int, ...], perm: tuple[int, ...], budget: int) -> tuple[int, ...]:
+def fit_transpose(shape: tuple[int, ...], perm: tuple[int, ...], budget: int) -> tuple[int, ...]:
     """A box that is wide along both the output's and the input's last axis."""
     rank = len(shape)
     a, b = rank - 1, perm.index(rank - 1) if rank else 0
     if rank < 2 or a == b:
-        return _fit(shape, budget)
+        return fit_box(shape, budget)
     box = [1] * rank
     box[a] = min(shape[a], max(1, math.isqrt(budget)))
     box[b] = min(shape[b], max(1, budget // box[a]))

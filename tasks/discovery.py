@@ -46,7 +46,7 @@ class ModuleInfo:
     syntax_error_at: tuple[int | None, int | None, str | None] | None = None
 
 
-def _is_device_decorator(node: ast.expr) -> bool:
+def is_device_decorator(node: ast.expr) -> bool:
     import ast
 
     if isinstance(node, ast.Call):
@@ -74,7 +74,7 @@ def _dims(annotation: ast.expr | None) -> tuple[str | int, ...] | None:
     return tuple(dims)
 
 
-def _resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str:
+def resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str:
     parts = module.split(".")
     base = parts if is_package else parts[:-1]
     if level > 1:
@@ -99,7 +99,7 @@ def scan_module(module: str, file: Path) -> ModuleInfo:
             imports.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = (
-                _resolve_relative(module, is_package, node.level, node.module)
+                resolve_relative(module, is_package, node.level, node.module)
                 if node.level
                 else (node.module or "")
             )
@@ -107,7 +107,7 @@ def scan_module(module: str, file: Path) -> ModuleInfo:
             imports.extend(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and any(
-            _is_device_decorator(d) for d in node.decorator_list
+            is_device_decorator(d) for d in node.decorator_list
         ):
             args = node.args.posonlyargs + node.args.args
             params = tuple((a.arg, _dims(a.annotation)) for a in args)

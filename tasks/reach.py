@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kiln.tasks.discovery import Discovery, KernelSource, _is_device_decorator, _resolve_relative
+from kiln.tasks.discovery import Discovery, KernelSource, is_device_decorator, resolve_relative
 
 from kiln.errors import KilnError, Location
 
@@ -149,7 +149,7 @@ class _BodyVisitor(ast.NodeVisitor):
 
 def _from_base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     if node.level:
-        return _resolve_relative(module, is_package, node.level, node.module)
+        return resolve_relative(module, is_package, node.level, node.module)
     return node.module or ""
 
 
@@ -175,7 +175,7 @@ def scan_module_refs(module: str, file: Path) -> ModuleScan:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             scan.bindings[stmt.name] = ("local", stmt.name)
             if isinstance(stmt, ast.FunctionDef) and any(
-                _is_device_decorator(d) for d in stmt.decorator_list
+                is_device_decorator(d) for d in stmt.decorator_list
             ):
                 scan.kernels.add(stmt.name)
                 continue  # a kernel's body inlines what it calls: not followed

@@ -29,7 +29,7 @@ from kiln.lang.errors import (
     param_location,
     return_location,
 )
-from kiln.lang.tensor import Tensor, TensorSpec, _spec, tracing
+from kiln.lang.tensor import Tensor, TensorSpec, tensor_spec, tracing
 
 Handler = Callable[["DeviceFunction", tuple, dict], Any]
 _HANDLER: ContextVar[Handler | None] = ContextVar("kiln_dispatch", default=None)
@@ -157,7 +157,7 @@ def _annotation_spec(fn: Callable, raw: Any) -> Any:
     if not all(isinstance(i, ast.Constant) for i in items):
         return raw
     try:
-        return _spec(tuple(i.value for i in items))
+        return tensor_spec(tuple(i.value for i in items))
     except TypeError:
         return raw
 

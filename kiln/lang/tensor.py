@@ -38,7 +38,7 @@ class TensorSpec:
         return f"Tensor[{', '.join(repr(d) for d in self.dims) or '()'}]"
 
 
-def _spec(item: Any) -> TensorSpec:
+def tensor_spec(item: Any) -> TensorSpec:
     items = item if isinstance(item, tuple) else (item,)
     for dim in items:
         ok_int = isinstance(dim, int) and not isinstance(dim, bool) and dim > 0
@@ -162,7 +162,7 @@ class Tensor(NumpyMethods):
     _array: np.ndarray | None
 
     def __class_getitem__(cls, item: Any) -> TensorSpec:
-        return _spec(item)
+        return tensor_spec(item)
 
     def __init__(self) -> None:
         raise TypeError("Tensors are made by calling a @device function, not constructed")
