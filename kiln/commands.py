@@ -46,10 +46,10 @@ def cmd_compile(args) -> int:
     }
     dumps = {k: v for k, v in dumps.items() if v is not None}
     if dumps:
-        from kiln.tasks.selection import Selection, one_instance
+        from kiln.tasks.selection import Selection, first_shape_set
 
         flag = f"--dump-{next(iter(dumps))}"
-        instances = [one_instance(Selection(instances), "compile", f"a dump flag ({flag})")]
+        instances = [first_shape_set(Selection(instances), "compile", f"a dump flag ({flag})")]
     with _locked(project):
         rc = compile_instances(project, instances, args.process, fail_fast=args.fail_fast)
         if getattr(args, "profile", None):

@@ -95,22 +95,12 @@ def build_each(
 
 def run_kernel(project: Project, instances: list[KernelInstance], args) -> int:
     """Run one selected instance; a kernel with several shape sets runs its first, saying so."""
-    import sys
 
-    from kiln.tasks.selection import Selection, one_instance
+    from kiln.tasks.selection import Selection, first_shape_set
 
     from kiln.inputs import describe, random_inputs
 
-    if len({i.kernel for i in instances}) == 1 and len(instances) > 1:
-        inst = instances[0]
-        others = ", ".join(i.shape_set for i in instances[1:])
-        print(
-            f"kiln run: {inst.kernel} has {len(instances)} shape sets; running "
-            f"{inst.shape_set} (pick another with --shapes: {others})",
-            file=sys.stderr,
-        )
-    else:
-        inst = one_instance(Selection(instances), "run", "kiln run")
+    inst = first_shape_set(Selection(instances), "run", "the run")
     build(project, [inst])
     runner = make_runner(project, args.target)
     artifacts = kernel_artifacts(project, inst)

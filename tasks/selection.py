@@ -114,6 +114,25 @@ def one_instance(selection: Selection, command: str | None, what: str) -> object
     )
 
 
+def first_shape_set(selection: Selection, command: str | None, what: str) -> object:
+    """One kernel's first declared shape set when no --shapes narrowed it, saying so.
+
+    Several kernels are still an error (``one_instance``): which one is meant
+    cannot be guessed, but a kernel's first shape set is its usual one.
+    """
+    instances = selection.instances
+    if len({i.kernel for i in instances}) == 1 and len(instances) > 1:
+        first = instances[0]
+        others = ", ".join(i.shape_set for i in instances[1:])
+        print(
+            f"kiln {command or ''}: {first.kernel} has {len(instances)} shape sets; "
+            f"{what} uses {first.shape_set} (pick another with --shapes: {others})",
+            file=sys.stderr,
+        )
+        return first
+    return one_instance(selection, command, what)
+
+
 # -- matching -------------------------------------------------------------------------
 
 

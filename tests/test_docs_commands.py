@@ -57,16 +57,7 @@ SKIPS: list[tuple[str, str, bool]] = [
 ]
 # Commands of docs this branch does not edit that cannot run as written.
 # Each is a doc bug to fix at its source; the entry goes when the doc is fixed.
-KNOWN: dict[tuple[str, str], str] = {
-    (
-        "docs/quickstart.md",
-        "kiln list / kiln info compile:gemm.small.lir / kiln clean / kiln forget",
-    ): "four commands on one line separated by ' / ', not one shell command",
-    (
-        "docs/quickstart.md",
-        "kiln compile softmax --dump-dfg g.json --dump-visa k.visa",
-    ): "exits 2: softmax has 4 shape sets and a dump flag needs one (add --shapes small)",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 SKIP_MARK = re.compile(r"<!--\s*docs-test:\s*skip\s*\((.+)\)\s*-->")
 EXIT_MARK = re.compile(r"<!--\s*expect-exit:\s*(\d+)\s*-->")
 EXIT_COMMENT = re.compile(r"#\s*exit\s+(\d+)\s*$")

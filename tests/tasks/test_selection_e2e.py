@@ -40,11 +40,18 @@ def test_readme_headline_dumps_exactly_the_named_kernel(project):
     assert "gemm_bias_relu" not in (project / "s.json").read_text()
 
 
-def test_a_dump_of_a_kernel_with_two_shape_sets_asks_for_one(project):
+def test_a_dump_of_a_kernel_with_two_shape_sets_takes_the_first_and_says_so(project):
     proc = run_kiln(project, "compile", "gemm", "--dump-schedule", "s.json")
+    assert proc.returncode == 0, proc.stderr
+    assert "gemm has 2 shape sets; a dump flag (--dump-schedule) uses small" in proc.stderr
+    assert "pick another with --shapes: wide" in proc.stderr
+    assert "wrote schedule dump of gemm.small to s.json" in proc.stdout
+
+
+def test_a_dump_of_several_kernels_is_refused(project):
+    proc = run_kiln(project, "compile", "gemm*", "vector_add", "--dump-schedule", "s.json")
     assert proc.returncode == 2
-    assert "kernel 'gemm' has 2" in proc.stderr
-    assert "kiln compile gemm --dump-schedule s.json --shapes small" in proc.stderr
+    assert "needs exactly one kernel, but the filters select 2" in proc.stderr
     assert not (project / "s.json").exists()
 
 
