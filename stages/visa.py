@@ -39,6 +39,7 @@ class Options:
     tile_k: int = 0
     vector_tile: int = 0  # elements per vector tile; 0: from vector lanes and SRAM
     fusion: bool = True  # run elementwise chains on resident tiles
+    tile_order: str = "mn"  # visit a contraction's output tiles by rows (mn) or columns (nm)
 
 
 # -- stage protocol -----------------------------------------------------------------

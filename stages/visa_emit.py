@@ -117,7 +117,8 @@ class Emitter:
         else:
             box = fit_box(g.shape, self.tiles.vector)
         kept_box = tuple(1 if a in axes else b for a, b in enumerate(box))
-        for origin, extent, first, last in iter_boxes(g.shape, box, axes):
+        order = self.tiles.order if g.producer is not None else "mn"
+        for origin, extent, first, last in iter_boxes(g.shape, box, axes, order):
             rows = (
                 tuple(0 if a in axes else o for a, o in enumerate(origin)),
                 tuple(1 if a in axes else e for a, e in enumerate(extent)),

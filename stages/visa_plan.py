@@ -32,6 +32,10 @@ class TileSizes:
     n: int
     k: int
     vector: int
+    order: str = "mn"  # the order a contraction's output tiles are visited (nm: columns first)
+
+
+TILE_ORDERS = ("mn", "nm")
 
 
 def tile_sizes(options: Options, machine: dict) -> TileSizes:
@@ -39,6 +43,11 @@ def tile_sizes(options: Options, machine: dict) -> TileSizes:
     for key in ("tile_m", "tile_n", "tile_k", "vector_tile"):
         if getattr(options, key) < 0:
             raise StageError(f"option {key!r} of stage 'visa' must be >= 0")
+    if options.tile_order not in TILE_ORDERS:
+        raise StageError(
+            f"option 'tile_order' of stage 'visa' must be one of {', '.join(TILE_ORDERS)}, "
+            f"not {options.tile_order!r}"
+        )
     tm, tn, tk = (int(d) for d in machine.get("tensor", {}).get("tile", (32, 32, 32)))
     sram = int(machine.get("sram_bytes", 1 << 20))
     f = 4
@@ -47,7 +56,11 @@ def tile_sizes(options: Options, machine: dict) -> TileSizes:
     lanes = int(machine.get("vector", {}).get("lanes", 64))
     vector = options.vector_tile or max(lanes, min(lanes * 64, sram // 256))
     return TileSizes(
-        options.tile_m or tm * f, options.tile_n or tn * f, options.tile_k or tk * f, vector
+        options.tile_m or tm * f,
+        options.tile_n or tn * f,
+        options.tile_k or tk * f,
+        vector,
+        options.tile_order,
     )
 
 
@@ -75,9 +88,17 @@ def fit_box(shape: tuple[int, ...], budget: int) -> tuple[int, ...]:
     return tuple(reversed(box))
 
 
-def iter_boxes(shape: tuple[int, ...], box: tuple[int, ...], inner: tuple[int, ...] = ()):
-    """Yield (origin, extent, first, last); ``inner`` axes vary fastest, first/last along them."""
+def iter_boxes(
+    shape: tuple[int, ...], box: tuple[int, ...], inner: tuple[int, ...] = (), order: str = "mn"
+):
+    """Yield (origin, extent, first, last); ``inner`` axes vary fastest, first/last along them.
+
+    ``order="nm"`` visits the last two outer axes column by column instead of row by row.
+    """
     outer = [a for a in range(len(shape)) if a not in inner]
+    last_two = [len(shape) - 2, len(shape) - 1]
+    if order == "nm" and len(shape) >= 2 and outer[-2:] == last_two:
+        outer[-2:] = outer[-2:][::-1]
     steps = {a: range(0, shape[a], box[a]) for a in range(len(shape))}
     inner_list = list(product(*(steps[a] for a in inner)))
     for out in product(*(steps[a] for a in outer)):

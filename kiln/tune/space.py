@@ -37,7 +37,8 @@ def knobs_for(graph: Graph, machine: dict) -> tuple[Knob, ...]:
     """The knobs of ``graph`` on ``machine``, in a fixed order (the order decides ties)."""
     knobs: list[Knob] = []
     tile = [int(d) for d in machine.get("tensor", {}).get("tile", (32, 32, 32))]
-    if any(node.op in CONTRACTIONS for node in graph.nodes):
+    contraction = any(node.op in CONTRACTIONS for node in graph.nodes)
+    if contraction:
         for option, base in zip(("tile_m", "tile_n", "tile_k"), tile, strict=True):
             knobs.append(
                 Knob(
@@ -47,6 +48,9 @@ def knobs_for(graph: Graph, machine: dict) -> tuple[Knob, ...]:
                     "matmul tile along this dim (0: the default rule)",
                 )
             )
+        knobs.append(
+            Knob("visa", "tile_order", ("mn", "nm"), "visit output tiles by rows or by columns")
+        )
     lanes = int(machine.get("vector", {}).get("lanes", 64))
     sram = int(machine.get("sram_bytes", 1 << 20))
     vector = tuple(lanes * f for f in (1, 4, 16, 64, 256, 1024) if lanes * f * 4 * 8 <= sram)
