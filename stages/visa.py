@@ -40,6 +40,7 @@ class Options:
     vector_tile: int = 0  # elements per vector tile; 0: from vector lanes and SRAM
     fusion: bool = True  # run elementwise chains on resident tiles
     tile_order: str = "mn"  # visit a contraction's output tiles by rows (mn) or columns (nm)
+    reduce_split: int = 1  # partial accumulators of a reduction longer than a tile (1..8)
 
 
 # -- stage protocol -----------------------------------------------------------------

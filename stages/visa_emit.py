@@ -29,6 +29,9 @@ from kiln.ir.graph import Node
 from kiln.ir.ops import OPS as GRAPH_OPS
 from kiln.ir.visa import Imm, Tile, View
 
+# how two partial reductions combine (reduce_split)
+COMBINE = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
+
 
 class Emitter:
     """Pass 3: unrolled instructions and the buffers they use."""
@@ -42,6 +45,7 @@ class Emitter:
         self.instrs: list[visa.Instr] = []
         self.buffers: dict[str, visa.Buffer] = {}
         self.loaded: dict[str, tuple] = {}  # buffer -> (source, shape) it holds unchanged
+        self.reduce_steps: dict[int, int] = {}  # reduction node -> boxes reduced so far - 1
         # the graph node each instruction was emitted for (the report's source map)
         self.current = -1
         self.origins: list[int] = []
@@ -153,10 +157,21 @@ class Emitter:
         op = "sum" if red.op == "mean" else red.op
         sdt = self.graph.node(red.inputs[0]).dtype
         adt = visa.acc_dtype(sdt) if op in ("sum", "prod") else sdt
-        out = Tile(self.buffer(f"acc{red.id}", adt, cap), kept)
-        self.emit(op, out, src, acc=int(not first), axes=axes)
+        # reduce_split: boxes take turns among several accumulators, so consecutive
+        # boxes do not wait on each other; the partials are combined after the last
+        split = self.tiles.reduce_split if op in COMBINE else 1
+        step = 0 if first else self.reduce_steps[red.id] + 1
+        self.reduce_steps[red.id] = step
+        part = step % split
+        name = f"acc{red.id}" if part == 0 else f"acc{red.id}_{part}"
+        out = Tile(self.buffer(name, adt, cap), kept)
+        self.emit(op, out, src, acc=int(step >= split), axes=axes)
         if not last:
             return None
+        out = Tile(self.buffer(f"acc{red.id}", adt, cap), kept)
+        for other in range(1, min(split, step + 1)):
+            partial = Tile(self.buffer(f"acc{red.id}_{other}", adt, cap), kept)
+            self.emit(COMBINE[op], out, out, partial)
         if red.op == "mean":
             count = math.prod(g.shape[a] for a in axes)
             mean = Tile(self.buffer(f"mean{red.id}", adt, cap), kept)

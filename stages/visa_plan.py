@@ -33,9 +33,11 @@ class TileSizes:
     k: int
     vector: int
     order: str = "mn"  # the order a contraction's output tiles are visited (nm: columns first)
+    reduce_split: int = 1  # accumulators a long reduction alternates between
 
 
 TILE_ORDERS = ("mn", "nm")
+MAX_REDUCE_SPLIT = 8  # each accumulator holds a tile of SRAM
 
 
 def tile_sizes(options: Options, machine: dict) -> TileSizes:
@@ -43,6 +45,11 @@ def tile_sizes(options: Options, machine: dict) -> TileSizes:
     for key in ("tile_m", "tile_n", "tile_k", "vector_tile"):
         if getattr(options, key) < 0:
             raise StageError(f"option {key!r} of stage 'visa' must be >= 0")
+    if not 1 <= options.reduce_split <= MAX_REDUCE_SPLIT:
+        raise StageError(
+            f"option 'reduce_split' of stage 'visa' must be between 1 and {MAX_REDUCE_SPLIT}, "
+            f"not {options.reduce_split}"
+        )
     if options.tile_order not in TILE_ORDERS:
         raise StageError(
             f"option 'tile_order' of stage 'visa' must be one of {', '.join(TILE_ORDERS)}, "
@@ -61,6 +68,7 @@ def tile_sizes(options: Options, machine: dict) -> TileSizes:
         options.tile_k or tk * f,
         vector,
         options.tile_order,
+        options.reduce_split,
     )
 
 

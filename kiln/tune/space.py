@@ -14,6 +14,7 @@ from typing import Any
 from kiln.ir.graph import Graph
 
 CONTRACTIONS = frozenset({"matmul", "conv2d"})
+REDUCTIONS = frozenset({"sum", "mean", "max", "min", "prod"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,8 @@ def knobs_for(graph: Graph, machine: dict) -> tuple[Knob, ...]:
     vector = tuple(lanes * f for f in (1, 4, 16, 64, 256, 1024) if lanes * f * 4 * 8 <= sram)
     knobs.append(Knob("visa", "vector_tile", (0, *vector), "elements per vector tile"))
     knobs.append(Knob("visa", "fusion", (True, False), "fuse elementwise chains on tiles"))
+    if any(node.op in REDUCTIONS for node in graph.nodes):
+        knobs.append(Knob("visa", "reduce_split", (1, 2, 4), "partial accumulators per reduction"))
     knobs.append(Knob("lir", "double_buffer", (True, False), "alternate two SRAM slots"))
     knobs.append(
         Knob("schedule", "policy", ("critical-path", "in-order"), "list scheduling priority")

@@ -296,3 +296,26 @@ def test_column_order_visits_output_tiles_by_columns_with_the_same_result(name):
 def test_an_unknown_tile_order_is_a_stage_error():
     with pytest.raises(StageError, match="'tile_order' of stage 'visa' must be one of mn, nm"):
         lower(kernel("gemm", M=64, K=64, N=64), tile_order="km")
+
+
+def long_rows(op: str) -> Graph:
+    b = GraphBuilder(f"row_{op}")
+    x = b.arg("x", (4, 1000))
+    return b.graph(getattr(b, op)(x, axes=(1,), keepdims=False))
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("split", [2, 3])
+def test_a_split_reduction_alternates_accumulators_and_combines_them(op, split):
+    graph = long_rows(op)
+    program = lower(graph, vector_tile=256, reduce_split=split)
+    compile_and_run(program, graph)
+    combine = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
+    assert ops(program).count(combine[op]) == 4 * (split - 1)  # once per row
+    names = {b.name for b in program.buffers}
+    assert {f"acc1_{i}" for i in range(1, split)} <= names
+
+
+def test_reduce_split_is_bounded():
+    with pytest.raises(StageError, match="'reduce_split' of stage 'visa' must be between 1 and 8"):
+        lower(kernel("row_sum", R=4, C=64), reduce_split=0)
