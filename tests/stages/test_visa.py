@@ -300,7 +300,7 @@ def test_an_unknown_tile_order_is_a_stage_error():
 
 def long_rows(op: str) -> Graph:
     b = GraphBuilder(f"row_{op}")
-    x = b.arg("x", (4, 1000))
+    x = b.arg("x", (4, 300))  # a product of 300 values in [0.5, 2] stays finite
     return b.graph(getattr(b, op)(x, axes=(1,), keepdims=False))
 
 
@@ -308,7 +308,7 @@ def long_rows(op: str) -> Graph:
 @pytest.mark.parametrize("split", [2, 3])
 def test_a_split_reduction_alternates_accumulators_and_combines_them(op, split):
     graph = long_rows(op)
-    program = lower(graph, vector_tile=256, reduce_split=split)
+    program = lower(graph, vector_tile=64, reduce_split=split)
     compile_and_run(program, graph)
     combine = {"sum": "add", "mean": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
     assert ops(program).count(combine[op]) == 4 * (split - 1)  # once per row
