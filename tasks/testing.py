@@ -13,10 +13,22 @@ from kiln.tasks.project import KernelInstance, Project
 from kiln.errors import KilnError
 
 ORACLE = "cpu"
+# What a project that declares no target of its own is tested on: the built-in
+# targets that need no extra and no device (the others run with --target).
+BUILTIN_TEST_TARGETS = ("sim",)
 
 
 def default_targets(project: Project) -> list[str]:
-    return [t.name for t in project.pipeline.targets if t.runner != "cpu"]
+    """The targets `kiln test` and the `test:` tasks check when no --target is given.
+
+    Every non-cpu target pipeline.yaml declares; with none declared, the
+    built-in ``sim``, so that the built-in iree targets do not make a
+    minimal project's tests need kiln[iree] and a GPU.
+    """
+    pipeline = project.pipeline
+    checked = [t.name for t in pipeline.targets if t.runner != ORACLE]
+    declared = [name for name in checked if not pipeline.is_builtin(f"targets.{name}")]
+    return declared or [name for name in checked if name in BUILTIN_TEST_TARGETS]
 
 
 def merged_tolerance(project: Project, target: str, kernel_tolerance: dict | None):

@@ -17,15 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.errors import PipelineError
+from kiln.pipeline.defaults import LayeredSourceMap, defaults_digest, load_defaults, merge
 from kiln.pipeline.model import Pipeline
 from kiln.pipeline.yamlpos import describe, did_you_mean, join_path, load_yaml
 
 if TYPE_CHECKING:
     from kiln.pipeline.yamlpos import SourceMap
 
+    Positions = SourceMap | LayeredSourceMap  # a file's positions, or pipeline.yaml's + Kiln's
+
 SCHEMA_PATH = Path(__file__).with_name("pipeline.schema.json")
 BUILTIN_RUNNERS = ("cpu", "sim", "iree", "npu")
-_CACHE_FORMAT = 1  # bump when the pickled model changes shape
+_CACHE_FORMAT = 2  # bump when the pickled model changes shape
 _validator: Any = None
 _UNUSABLE_CACHE = (
     OSError,
@@ -40,7 +43,11 @@ _UNUSABLE_CACHE = (
 
 
 def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
-    """Read, validate and normalize pipeline.yaml; raise PipelineError on any problem."""
+    """Read pipeline.yaml, merge it over Kiln's defaults, validate and normalize the result.
+
+    Raises PipelineError on any problem, at its line in pipeline.yaml (or in
+    Kiln's defaults file, for a built-in value).
+    """
     path = Path(os.path.abspath(path))
     data, smap = load_yaml(path)
     if data is None:
@@ -48,7 +55,7 @@ def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
         raise smap.error(
             "pipeline file is empty",
             "",
-            expected="a mapping with keys project, packages, kernels and stages",
+            expected="a mapping with keys project, packages and kernels",
             found="an empty document",
         )
     if not isinstance(data, dict):
@@ -59,9 +66,12 @@ def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
             expected="a mapping (`project: ...`, `kernels: ...`)",
             found=describe(data),
         )
-    _validate_schema(data, smap)
-    _check_references(data, smap, path.parent)
-    return Pipeline.from_data(data, path, smap)
+    defaults, defaults_map = load_defaults()
+    data, builtin = merge(data, defaults)
+    layered = LayeredSourceMap(smap, defaults_map, builtin)
+    _validate_schema(data, layered)
+    _check_references(data, layered, path.parent)
+    return Pipeline.from_data(data, path, layered, builtin)
 
 
 def load_pipeline_cached(
@@ -69,25 +79,15 @@ def load_pipeline_cached(
 ) -> Pipeline:
     """``load_pipeline`` with a pickle in ``cache_dir`` keyed by the file's stat.
 
-    The key is (absolute path, mtime_ns, ctime_ns, inode, size, kiln version,
-    loader stamp);
-    a hit returns without reading YAML. A miss loads, validates and writes
-    the pickle atomically. Stage module lookups are not redone on a hit.
+    The key is ``cache_key(path)``; a hit returns without reading YAML. A
+    miss loads, validates and writes the pickle atomically. Stage module
+    lookups are not redone on a hit.
     """
     path = Path(os.path.abspath(path))
     try:
-        stat = os.stat(path)
+        key = cache_key(path)
     except OSError:
         return load_pipeline(path)  # raises the proper "not found" error
-    key = (
-        str(path),
-        stat.st_mtime_ns,
-        stat.st_ctime_ns,
-        stat.st_ino,
-        stat.st_size,
-        _kiln_version(),
-        _loader_stamp(),
-    )
     cache_file = Path(cache_dir) / f"pipeline-{zlib.crc32(str(path).encode()):08x}.pickle"
     try:
         with open(cache_file, "rb") as handle:
@@ -106,13 +106,34 @@ def load_pipeline_cached(
     return pipeline
 
 
+def cache_key(path: Path) -> tuple[Any, ...]:
+    """What a cached parse of ``path`` is valid for: the file, and the code that parsed it.
+
+    (absolute path, mtime_ns, ctime_ns, inode, size, kiln version, loader
+    stamp, sha256 of the defaults file): the built-in defaults are part of
+    every resolved pipeline, so changing one must not reuse an old parse.
+    Raises OSError when the file cannot be stat'ed.
+    """
+    stat = os.stat(path)
+    return (
+        str(path),
+        stat.st_mtime_ns,
+        stat.st_ctime_ns,
+        stat.st_ino,
+        stat.st_size,
+        _kiln_version(),
+        _loader_stamp(),
+        defaults_digest(),
+    )
+
+
 def _kiln_version() -> str:
     return str(getattr(sys.modules.get("kiln"), "__version__", "0"))
 
 
 def _loader_stamp() -> tuple[int, ...]:
     here = Path(__file__).parent
-    names = ("load.py", "model.py", "yamlpos.py", "pipeline.schema.json")
+    names = ("load.py", "model.py", "yamlpos.py", "defaults.py", "pipeline.schema.json")
     return (_CACHE_FORMAT, *(os.stat(here / name).st_mtime_ns for name in names))
 
 
@@ -178,7 +199,7 @@ def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
     return {**node, "allOf": [target]}
 
 
-def _validate_schema(data: dict[str, Any], smap: SourceMap) -> None:
+def _validate_schema(data: dict[str, Any], smap: Positions) -> None:
     from jsonschema.exceptions import best_match
 
     error = best_match(_get_validator().iter_errors(data))
@@ -191,7 +212,7 @@ _TYPE_WORDS |= {"integer": "an integer", "number": "a number", "boolean": "a boo
 _RANGE_WORDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
 
 
-def _translate(error: Any, smap: SourceMap) -> PipelineError:
+def _translate(error: Any, smap: Positions) -> PipelineError:
     """Turn one jsonschema error into a PipelineError at the right key."""
     parts = list(error.absolute_path)
     path = join_path(parts)
@@ -216,7 +237,8 @@ def _translate(error: Any, smap: SourceMap) -> PipelineError:
         name = next(r for r in rule if r not in value)
         message = f"missing required key '{name}'" + (f" in {where}" if path else "")
         expected = "required keys: " + ", ".join(rule)
-        found = "keys: " + (", ".join(value) or "(none)")
+        written = [k for k in value if not smap.is_builtin(join_path([*parts, k]))]
+        found = "keys: " + (", ".join(written) or "(none)")
         return smap.error(message, join_path([*parts, name]), expected=expected, found=found)
     message, expected, found, hint = _value_problem(kind, rule, value, schema, path, where)
     return smap.error(
@@ -262,7 +284,7 @@ def _value_problem(
 # -- references and other checks the schema cannot express ---------------------------
 
 
-def _unknown(smap: SourceMap, what: str, name: str, key_path: str, choices: Any, **kw: Any) -> Any:
+def _unknown(smap: Positions, what: str, name: str, key_path: str, choices: Any, **kw: Any) -> Any:
     """A "names something that does not exist" error with a did-you-mean hint."""
     kw.setdefault("value", True)
     kw.setdefault("expected", "one of: " + (", ".join(choices) or "(none declared)"))
@@ -271,7 +293,7 @@ def _unknown(smap: SourceMap, what: str, name: str, key_path: str, choices: Any,
     return smap.error(message, key_path, found=repr(name), **kw)
 
 
-def _check_references(data: dict[str, Any], smap: SourceMap, root: Path) -> None:
+def _check_references(data: dict[str, Any], smap: Positions, root: Path) -> None:
     machines = data.get("machines") or {}
     stages: dict[str, int] = {}
     for i, stage in enumerate(data["stages"]):
@@ -328,10 +350,8 @@ def _check_references(data: dict[str, Any], smap: SourceMap, root: Path) -> None
                 machine,
                 key_path,
                 machines,
-                expected="a machine declared under `machines:`: "
-                + (", ".join(machines) or "(no `machines:` section)"),
-                hint=did_you_mean(machine, machines)
-                or (None if machines else "declare it under a `machines:` section"),
+                expected="a machine declared under `machines:` or built in: " + ", ".join(machines),
+                hint=did_you_mean(machine, machines) or "declare it under a `machines:` section",
             )
     for i, stage in enumerate(data["stages"]):
         legacy = LEGACY_STAGE_MODULES.get(stage["module"])
@@ -359,7 +379,7 @@ _STAGE_CONSTANT = r"""^{name}\s*=\s*["']([^"']+)["']"""
 FIRST_STAGE_INPUT = "kernel source"
 
 
-def _check_stage_kinds(stages: list[dict[str, Any]], smap: SourceMap, root: Path) -> None:
+def _check_stage_kinds(stages: list[dict[str, Any]], smap: Positions, root: Path) -> None:
     """Each stage is a Kiln stage module, and reads what the row before it writes.
 
     Read from the module's source (``ARTIFACT``, ``INPUT``, ``def run``)
@@ -425,7 +445,7 @@ def _module_source(module: str, root: Path) -> tuple[str | None, str | None]:
             sys.path.remove(root_text)
 
 
-def _check_shapes(kernel: str, shapes: dict[str, Any], smap: SourceMap) -> None:
+def _check_shapes(kernel: str, shapes: dict[str, Any], smap: Positions) -> None:
     base = f"kernels.{kernel}.shapes"
     flat = [isinstance(v, int) for v in shapes.values()]
     if any(flat) and not all(flat):

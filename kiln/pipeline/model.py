@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from kiln.errors import Location, PipelineError
 
 if TYPE_CHECKING:
+    from kiln.pipeline.defaults import LayeredSourceMap
     from kiln.pipeline.yamlpos import SourceMap
 
 DEFAULT_OUT_DIR = "build/kiln/kernel"
@@ -117,9 +118,14 @@ class Pipeline:
     # cache: {remote, upload, timeout} (the shared store) and executor: {kind, address}
     cache_settings: dict[str, Any] = field(default_factory=dict, hash=False)
     executor: dict[str, Any] = field(default_factory=dict, hash=False)
+    # Key paths of the entries taken from Kiln's built-in defaults (``stages``,
+    # ``machines.npu-tiny``, ``machine``, ...): everything else the file wrote.
+    builtin: frozenset[str] = frozenset()
     # Private: key path -> position, rebuilt from the file on demand when None
     # (the cached pickle leaves it out), and a name -> kernel index.
-    _source: SourceMap | None = field(default=None, compare=False, hash=False, repr=False)
+    _source: SourceMap | LayeredSourceMap | None = field(
+        default=None, compare=False, hash=False, repr=False
+    )
     _index: dict[str, KernelSpec] | None = field(
         default=None, compare=False, hash=False, repr=False
     )
@@ -129,14 +135,23 @@ class Pipeline:
         return [None if f.name in _TRANSIENT else getattr(self, f.name) for f in fields(self)]
 
     def __setstate__(self, state: list[Any]) -> None:
-        for f, value in zip(fields(self), state, strict=True):
+        # Not strict: a pickle from an older Kiln has another layout, and its
+        # cache key (Kiln version, loader stamp) never matches, so it is dropped.
+        for f, value in zip(fields(self), state, strict=False):
             object.__setattr__(self, f.name, value)
 
     @classmethod
     def from_data(
-        cls, data: dict[str, Any], path: Path, source: SourceMap | None = None
+        cls,
+        data: dict[str, Any],
+        path: Path,
+        source: SourceMap | LayeredSourceMap | None = None,
+        builtin: frozenset[str] = frozenset(),
     ) -> Pipeline:
-        """Normalize validated pipeline data (defaults filled in, file order kept)."""
+        """Normalize validated pipeline data (defaults filled in, file order kept).
+
+        ``builtin`` names the key paths that came from Kiln's defaults file.
+        """
         get = data.get
         return cls(
             path=path,
@@ -168,6 +183,7 @@ class Pipeline:
             warnings=tuple(data.get("_warnings", ())),
             cache_settings={k: v for k, v in (get("cache") or {}).items() if k != "check"},
             executor=dict(get("executor") or {}),
+            builtin=frozenset(builtin),
             _source=source,
         )
 
@@ -208,8 +224,10 @@ class Pipeline:
     def machine_model(self, name: str | None = None) -> dict[str, Any]:
         """The machine model ``name``, else the default one (read-only, shared).
 
-        The default is the top-level ``machine:``; without one, the only entry
-        of ``machines:``. Raises PipelineError when there is no such machine.
+        The default is the top-level ``machine:``, which loading always sets
+        (the built-in ``npu-v1`` when the file names none); a Pipeline made
+        by hand without one uses the only entry of ``machines:``. Raises
+        PipelineError when there is no such machine.
         """
         if name is None:
             name = self.machine
@@ -264,14 +282,42 @@ class Pipeline:
         """
         source = self._source
         if source is None:
-            from kiln.pipeline.yamlpos import display_name, load_yaml
+            from kiln.pipeline.defaults import layered_source
+            from kiln.pipeline.yamlpos import display_name
 
             try:
-                _, source = load_yaml(self.path)
+                source = layered_source(self.path, self.builtin)
             except PipelineError:  # edited into something unreadable since
                 return Location(display_name(self.path), key_path=key_path or None)
             object.__setattr__(self, "_source", source)
         return source.locate(key_path, value=value)
+
+    def origin(self, key_path: str) -> str:
+        """Where ``key_path``'s value comes from: ``pipeline.yaml:LINE`` or ``built-in default``.
+
+        A ``machine:`` the file leaves out but gets from the one machine it
+        adds points at that machine.
+        """
+        from kiln.pipeline.defaults import BUILTIN
+
+        if self.is_builtin(key_path):
+            return BUILTIN
+        self.locate("")  # reads the source map again after a cache hit
+        source = self._source
+        if key_path == "machine" and source is not None and not source.written(key_path):
+            key_path = f"machines.{self.machine}"
+        loc = self.locate(key_path)
+        return f"{loc.file}:{loc.line}" if loc.line is not None else loc.file
+
+    def is_builtin(self, key_path: str) -> bool:
+        """Whether ``key_path`` (``targets.sim``, ``stages[0].module``) is a built-in default.
+
+        False for what pipeline.yaml writes, and for a project's machine picked
+        as the default because it is the only one it declares.
+        """
+        from kiln.pipeline.defaults import is_builtin
+
+        return is_builtin(self.builtin, key_path)
 
     def error(
         self, message: str, key_path: str, *, value: bool = False, **detail: Any

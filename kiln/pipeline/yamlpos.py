@@ -102,6 +102,14 @@ class SourceMap:
     keys: dict[str, Position]  # position of the key text of a mapping entry
     values: dict[str, Position]  # position of the value (or list item)
 
+    def is_builtin(self, key_path: str) -> bool:
+        """Whether ``key_path`` is a built-in default rather than this file's (never, here)."""
+        return False
+
+    def written(self, key_path: str) -> bool:
+        """Whether ``key_path`` itself is written in the file (not only a parent of it)."""
+        return key_path in self.keys or key_path in self.values
+
     def source(self, line: int | None) -> str | None:
         if line is None or not 1 <= line <= len(self.lines):
             return None

@@ -68,12 +68,16 @@ def line_of(text: str, marker: str) -> int:
 
 
 def _drop_block(key: str) -> Callable[[str], str]:
-    def drop(text: str) -> str:
-        out, n = re.subn(rf"(?m)^{key}:\n(?:(?:  .*)?\n)+?(?=\S|\Z)", "", text)
+    return _replace_block(key, "")
+
+
+def _replace_block(key: str, new: str) -> Callable[[str], str]:
+    def replace(text: str) -> str:
+        out, n = re.subn(rf"(?m)^{key}:\n(?:(?:  .*)?\n)+?(?=\S|\Z)", new, text)
         assert n == 1, f"no top-level {key}: block"
         return out
 
-    return drop
+    return replace
 
 
 class Case(NamedTuple):
@@ -152,16 +156,20 @@ CASES = [
     Case("packages_empty", ("packages:\n  - kernels\n", "packages: []\n"),
          "must not be empty", "packages", "packages: []", at="[]"),
     # 6. missing keys
-    Case("missing_stages", _drop_block("stages"), "missing required key 'stages'", "stages",
-         "^project:"),
+    Case("missing_project", ("project: kiln-examples\n", ""), "missing required key 'project'",
+         "project", "^out_dir:", found="keys: out_dir, cache, packages,"),
+    Case("stages_empty", _replace_block("stages", "stages: []\n"), "'stages' must not be empty",
+         "stages", "^stages: []", at="[]"),
     Case("missing_shapes", ("  transpose:\n    dtype: f32\n    shapes:\n" + TRANSPOSE,
                             "  transpose:\n    dtype: f32\n"),
          "missing required key 'shapes'", "kernels.transpose.shapes", "transpose:", at="transpose"),
     Case("missing_latency_default", ("latency: {default: 4}}", "latency: {exp: 4}}"),
          "missing required key 'default'", "machines.npu-tiny.vector.latency.default",
          "latency: {exp: 4}", at="latency: {exp"),  # points at the mapping that lacks it
-    Case("machine_named_without_machines", _drop_block("machines"), "unknown machine 'npu-v1'",
-         "machine", "^machine: npu-v1", at="npu-v1", hint="declare it under a `machines:` section"),
+    Case("machine_neither_declared_nor_built_in",
+         lambda text: _drop_block("machines")(text).replace("machine: npu-v1\n", "machine: x\n"),
+         "unknown machine 'x'", "machine", "^machine: x", at="x",
+         hint="declare it under a `machines:` section", found="'x'"),
     # 7. references
     Case("unknown_default_machine", ("machine: npu-v1\n\nkernels", "machine: npu-v2\n\nkernels"),
          "unknown machine 'npu-v2'", "machine", "^machine: npu-v2", at="npu-v2",
@@ -313,7 +321,11 @@ def test_defaults_and_flat_shapes_become_the_default_set(
     assert p.kernels == (KernelSpec("scale", shapes=(("default", (("N", 8), ("M", 4))),)),)
     assert p.kernels[0].dtype == "f32" and p.kernels[0].arg_dtype("x") == "f32"
     assert p.out_dir == "build/kiln/kernel" and p.cache_check == "timestamp"
-    assert p.machine is None and p.machines == {} and p.targets == () and p.dumps == ()
+    assert p.stages == (StageSpec("trace", "tiny_trace"),) and p.dumps == () and p.apps == ()
+    # what the file leaves out comes from Kiln's built-in defaults
+    assert p.machine == "npu-v1" and list(p.machines) == ["npu-v1", "npu-tiny"]
+    assert [t.name for t in p.targets] == ["cpu", "sim", "iree-cpu", "iree-cuda"]
+    assert p.is_builtin("machines.npu-v1.clock_mhz") and not p.is_builtin("stages[0]")
     assert p.resolve_out_dir() == tmp_path / "build" / "kiln" / "kernel"
 
 
@@ -351,9 +363,10 @@ def test_machine_model_default_named_and_unknown(project: Path) -> None:
     assert p.kernel_machine("gemm") is p.machine_model()
     with pytest.raises(PipelineError, match="unknown machine 'npu-x'"):
         p.machine_model("npu-x")
-    edit(project, "machine: npu-v1\n\nkernels", "kernels")
-    with pytest.raises(PipelineError, match="no default machine"):
-        load_pipeline(project).machine_model()
+    edit(project, "machine: npu-v1\n\nkernels", "kernels")  # no `machine:`: the built-in default
+    unnamed = load_pipeline(project)
+    assert unnamed.machine == "npu-v1" and unnamed.is_builtin("machine")
+    assert unnamed.machine_model() == p.machine_model()
 
 
 def test_runner_plugin_names_are_accepted(project: Path) -> None:

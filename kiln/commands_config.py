@@ -1,0 +1,161 @@
+"""`kiln config`: the pipeline Kiln builds, pipeline.yaml merged over the built-in defaults.
+
+Each top-level entry (a scalar setting, a kernel, a stage, a machine, a
+target, ...) says where it came from: ``pipeline.yaml:LINE`` or ``built-in
+default``. The human form is YAML that loads back to the same data, with the
+origins as comments; ``--json`` gives ``{"file", "pipeline", "origins"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from kiln.pipeline import KernelSpec, Pipeline
+from kiln.pipeline.defaults import BUILTIN
+from kiln.pipeline.yamlpos import child_path, display_name
+
+# sections whose entries are listed one by one, each with its own origin
+NAMED = ("kernels", "machines", "targets", "apps")
+LISTED = ("stages", "dumps")
+NESTED = ("cache", "tuning", "executor")  # small mappings of settings: one origin per key
+COMMENT_COLUMN = 44
+LINE_WIDTH = 100  # a value longer than this on one line is written as a block
+
+
+def cmd_config(args: Any) -> int:
+    """Print the resolved pipeline of the current project with each entry's origin."""
+    from kiln.tasks.project import Project
+
+    pipeline = Project.find().pipeline
+    data = resolved_data(pipeline)
+    origins = entry_origins(pipeline, data)
+    if getattr(args, "json", False):
+        record = {"file": str(pipeline.path), "pipeline": data, "origins": origins}
+        print(json.dumps(record, indent=2))
+    else:
+        sys.stdout.write(render_yaml(pipeline, data, origins))
+    return 0
+
+
+def resolved_data(pipeline: Pipeline) -> dict[str, Any]:
+    """The pipeline as plain data, in pipeline.yaml's own keys: what Kiln builds with."""
+    data: dict[str, Any] = {
+        "project": pipeline.project,
+        "packages": list(pipeline.packages),
+        "out_dir": pipeline.out_dir,
+        "cache": {"check": pipeline.cache_check, **pipeline.cache_settings},
+        "tuning": {"file": pipeline.tuning_file},
+    }
+    if pipeline.executor:
+        data["executor"] = dict(pipeline.executor)
+    data["machine"] = pipeline.machine
+    data["kernels"] = {k.name: _kernel(k) for k in pipeline.kernels}
+    data["stages"] = [
+        {"name": s.name, "module": s.module, **({"options": dict(s.options)} if s.options else {})}
+        for s in pipeline.stages
+    ]
+    if pipeline.dumps:
+        data["dumps"] = [
+            {"kernels": list(d.kernels), "kinds": list(d.kinds)} for d in pipeline.dumps
+        ]
+    data["machines"] = json.loads(json.dumps(pipeline.machines))  # a copy: the model is shared
+    data["targets"] = {
+        t.name: _without_none(
+            runner=t.runner,
+            machine=t.machine,
+            options=dict(t.options) or None,
+            tolerance=t.tolerance,
+        )
+        for t in pipeline.targets
+    }
+    if pipeline.apps:
+        data["apps"] = {
+            a.name: _without_none(module=a.module, tests=list(a.tests) or None, shapes=a.shapes)
+            for a in pipeline.apps
+        }
+    return data
+
+
+def entry_origins(pipeline: Pipeline, data: dict[str, Any]) -> dict[str, str]:
+    """Key path of each top-level entry -> ``FILE:LINE`` or ``built-in default``."""
+    paths: list[str] = []
+    for key, value in data.items():
+        if key in NAMED or key in NESTED:
+            paths.extend(child_path(key, name) for name in value)
+        elif key in LISTED:
+            paths.extend(child_path(key, i) for i in range(len(value)))
+        else:
+            paths.append(key)
+    return {path: pipeline.origin(path) for path in paths}
+
+
+def render_yaml(pipeline: Pipeline, data: dict[str, Any], origins: dict[str, str]) -> str:
+    """``data`` as YAML, each entry's origin in a trailing comment."""
+    lines = [f"# kiln config: {display_name(pipeline.path)} over Kiln's built-in defaults"]
+    for key, value in data.items():
+        if key in NAMED or key in NESTED:
+            lines.append(f"{key}:")
+            for name, entry in value.items():
+                where = origins[child_path(key, name)]
+                if key in NESTED or not isinstance(entry, dict):
+                    lines.append(_commented(f"  {_flow(name)}: {_flow(entry)}", where))
+                    continue
+                inline = f"  {_flow(name)}: {_flow(entry)}"
+                if len(inline) <= LINE_WIDTH - len(" # built-in"):
+                    lines.append(_commented(inline, where))
+                    continue
+                lines.append(_commented(f"  {_flow(name)}:", where))
+                lines.extend(_block(entry, "    "))
+        elif key in LISTED:
+            lines.append(f"{key}:")
+            for i, entry in enumerate(value):
+                lines.append(_commented(f"  - {_flow(entry)}", origins[child_path(key, i)]))
+        else:
+            lines.append(_commented(f"{key}: {_flow(value)}", origins[key]))
+    return "\n".join(lines) + "\n"
+
+
+def _kernel(spec: KernelSpec) -> dict[str, Any]:
+    return _without_none(
+        function=spec.function,
+        dtype=spec.dtype,
+        dtypes=dict(spec.dtypes) or None,
+        shapes={name: dict(dims) for name, dims in spec.shapes},
+        options={stage: dict(opts) for stage, opts in spec.options} or None,
+        tolerance=spec.tolerance,
+        machine=spec.machine,
+    )
+
+
+def _without_none(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _commented(line: str, origin: str) -> str:
+    comment = "# built-in" if origin == BUILTIN else f"# from {origin}"
+    return f"{line.ljust(COMMENT_COLUMN - 2)}  {comment}"
+
+
+def _flow(value: Any) -> str:
+    """``value`` as one line of YAML (a flow collection or a plain scalar)."""
+    import yaml
+
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=2**31)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
+
+
+def _block(value: dict[str, Any], indent: str) -> list[str]:
+    """``value`` as block YAML lines; a value that fits on its line, or holds only
+    scalars, stays in flow style."""
+    lines = []
+    for key, item in value.items():
+        line = f"{indent}{_flow(key)}: {_flow(item)}"
+        nested = isinstance(item, dict) and any(isinstance(v, dict | list) for v in item.values())
+        if nested and len(line) > LINE_WIDTH:
+            lines.append(f"{indent}{_flow(key)}:")
+            lines.extend(_block(item, indent + "  "))
+        else:
+            lines.append(line)
+    return lines
