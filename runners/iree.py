@@ -9,11 +9,14 @@ with the inputs uploaded to the device once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import platform
 import re
+import sys
 import time as _time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,10 +156,12 @@ def _host_fingerprint(flags: list[str]) -> str:
     return platform.machine() + platform.processor() + cpu
 
 
-def cache_key(graph: Graph, options: IreeOptions, compiler_version: str) -> str:
+def cache_key(mlir: str, options: IreeOptions, compiler_version: str) -> str:
+    """The vmfb's key: the MLIR text iree-compile sees (so any change to Kiln's lowering
+    misses), the device, every flag, the compiler's version and what ``=host`` means."""
     flags = options.compiler_flags()
     parts = {
-        "graph": graph.key,
+        "mlir_sha256": hashlib.sha256(mlir.encode()).hexdigest(),
         "device": options.device,
         "flags": flags,
         "iree": compiler_version,
@@ -174,16 +179,23 @@ def _compiler_version(compiler) -> str:
         return getattr(compiler, "__version__", "unknown")
 
 
-def compile_graph(graph: Graph, options: IreeOptions) -> tuple[bytes, float]:
+def compile_graph(
+    graph: Graph, options: IreeOptions, mlir: str | None = None
+) -> tuple[bytes, float]:
     """(vmfb bytes, seconds): one iree-compile run; failures become a TargetError."""
     compiler, _ = _iree()
     backend = DEVICES[options.device][0]
-    text = to_mlir(graph)
+    text = to_mlir(graph) if mlir is None else mlir
     start = _time.perf_counter()
+    # iree-compile's warnings come back as bytes, written to sys.stderr.buffer when it
+    # has one; doit's captured streams have none and refuse bytes: collect them as
+    # text here and pass them on as text
+    warnings = io.StringIO()
     try:
-        vmfb = compiler.compile_str(
-            text, target_backends=[backend], extra_args=options.compiler_flags()
-        )
+        with contextlib.redirect_stderr(warnings):
+            vmfb = compiler.compile_str(
+                text, target_backends=[backend], extra_args=options.compiler_flags()
+            )
     except compiler.CompilerToolError as exc:
         raise TargetError(
             f"iree-compile failed for kernel {graph.name!r} ({options.device})",
@@ -191,6 +203,9 @@ def compile_graph(graph: Graph, options: IreeOptions) -> tuple[bytes, float]:
             hint="look at the MLIR Kiln generated: kiln compile ... --dump-mlir FILE "
             "(or runners.iree.dump_mlir(graph, FILE)) and run iree-compile on it",
         ) from exc
+    finally:
+        if warnings.getvalue().strip():
+            sys.stderr.write(warnings.getvalue())
     return vmfb, _time.perf_counter() - start
 
 
@@ -263,7 +278,8 @@ class IreeRunner(Runner):
     def prepare(self, artifacts: KernelArtifacts) -> IreePrepared:
         compiler, runtime = _iree()
         graph, config = artifacts.graph, self.config
-        key = cache_key(graph, config, _compiler_version(compiler))
+        mlir = to_mlir(graph)
+        key = cache_key(mlir, config, _compiler_version(compiler))
         path = cache_dir() / f"{key}.vmfb"
         metrics: dict[str, Any] = {"device": config.device, "vmfb": str(path)}
         device = _device(runtime, DEVICES[config.device][1], config.device_index)
@@ -279,7 +295,7 @@ class IreeRunner(Runner):
             quarantine(path, f"{type(exc).__name__}: {exc}", "it will be compiled again")
             function = None
         if function is None:
-            vmfb, seconds = compile_graph(graph, config)
+            vmfb, seconds = compile_graph(graph, config, mlir)
             try:
                 write_bytes_atomic(path, vmfb)
             except OSError as exc:

@@ -350,6 +350,54 @@ def test_flags_are_part_of_the_cache_key(runner):
     check(IreeRunner({"opt": False}), graph)
 
 
+def test_a_change_to_the_lowering_misses_the_cache(runner, monkeypatch):
+    """The key is the MLIR text: a lowering edit can never be served a stale vmfb."""
+    import kiln.runners.iree as iree
+
+    graph = _small_graph("lowering")
+    artifacts = KernelArtifacts(graph.name, graph, Path("."))
+    first = runner.prepare(artifacts)
+    assert runner.prepare(artifacts).metrics["cache"] == "hit"
+    lowered = iree.to_mlir
+    monkeypatch.setattr(iree, "to_mlir", lambda g: "// lowering v2\n" + lowered(g))
+    changed = runner.prepare(artifacts)
+    assert changed.metrics["cache"] == "miss" and changed.vmfb != first.vmfb
+    check(runner, graph)
+
+
+def test_compiler_warnings_reach_a_stream_without_a_byte_buffer(runner, monkeypatch):
+    """doit captures an action's stderr in a stream that takes str only."""
+    import kiln.runners.iree as iree
+
+    class TextOnly:
+        def __init__(self):
+            self.text = ""
+
+        def write(self, data):
+            if not isinstance(data, str):
+                raise TypeError(f"string argument expected, got {type(data).__name__!r}")
+            self.text += data
+
+        def flush(self):
+            pass
+
+    compiler, _ = iree._iree()
+
+    def noisy(text, **kwargs):
+        import sys
+
+        from iree.compiler.tools.binaries import _write_binary_stderr
+
+        _write_binary_stderr(sys.stderr, b"warning: a note from iree-compile\n")
+        return b"vmfb"
+
+    monkeypatch.setattr(compiler, "compile_str", noisy)
+    sink = TextOnly()
+    monkeypatch.setattr("sys.stderr", sink)
+    vmfb, _ = iree.compile_graph(_small_graph("noisy"), runner.config)
+    assert vmfb == b"vmfb" and "a note from iree-compile" in sink.text
+
+
 def test_time_returns_one_sample_per_iteration(runner):
     graph = _small_graph("shared")  # compiled once for this test and the next
     prepared = runner.prepare(KernelArtifacts(graph.name, graph, Path(".")))
