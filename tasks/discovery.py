@@ -166,7 +166,9 @@ class Discovery:
         if module in self.modules:
             return self.modules[module]
         st = file.stat()
-        stamp = [st.st_mtime_ns, st.st_size]
+        # a file replaced by rename (an editor's save, git checkout) keeps neither its
+        # inode nor its ctime, even when its size and a restored mtime match
+        stamp = [st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns]
         entry = self._cache.get(str(file))
         info = None
         fresh = isinstance(entry, dict) and entry.get("stamp") == stamp

@@ -106,3 +106,24 @@ def test_cache_is_reused_until_the_file_changes(tmp_path):
     third = Discovery(tmp_path, cache)
     names = [k.name for i in third.scan_packages(("pkg",)) for k in i.kernels]
     assert names == ["gemm", "fixed", "extra"] and third._dirty
+
+
+def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_scanned_again(tmp_path):
+    import os
+
+    f = write(tmp_path / "pkg" / "ops.py", KERNELS)
+    write(tmp_path / "pkg" / "__init__.py", "")
+    cache = tmp_path / "state" / "discovery.json"
+    first = Discovery(tmp_path, cache)
+    assert [k.name for i in first.scan_packages(("pkg",)) for k in i.kernels] == ["gemm", "fixed"]
+    first.save()
+    st = f.stat()
+    renamed = KERNELS.replace("def fixed(", "def fixxd(")
+    assert len(renamed) == len(KERNELS)
+    other = tmp_path / "ops.py.new"
+    other.write_text(renamed)
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, f)  # same size, same mtime: only inode and ctime differ
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    second = Discovery(tmp_path, cache)
+    assert [k.name for i in second.scan_packages(("pkg",)) for k in i.kernels] == ["gemm", "fixxd"]
