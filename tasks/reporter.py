@@ -94,6 +94,7 @@ class KilnReporter:
         self.failures: list[tuple[str, object]] = []
         self.cache_counts = {"hit": 0, "fetched": 0, "compiled": 0}
         self.blocked: list[str] = []
+        self.skipped: list[tuple[str, str]] = []  # (task, reason): a target not available here
         self.progress = None
         self.bar = None
         _last_failures.clear()
@@ -161,9 +162,17 @@ class KilnReporter:
         self._err(f"FAILED {task.name}\n{text}\n")
 
     def add_success(self, task):
+        values = task.values if isinstance(task.values, dict) else {}
+        if task.actions and values.get("skipped"):
+            self.skipped.append((task.name, str(values["skipped"])))
+            if self.format == "human" and self.verbosity >= 1:
+                self._write(f"skipped {task.name}: {values['skipped']}\n")
+            self._advance()
+            self._record(task, "skipped")
+            return
         if task.actions:
             self.ran.append(task.name)
-            how = (task.values or {}).get("cache") if isinstance(task.values, dict) else None
+            how = values.get("cache")
             if how in self.cache_counts:
                 self.cache_counts[how] += 1
             if self.format == "human" and self.verbosity >= 2:
@@ -216,6 +225,7 @@ class KilnReporter:
                         "up_to_date": self.uptodate,
                         "failed": len(self.failures),
                         "not_run": len(self.blocked),
+                        "skipped": [{"task": n, "reason": r} for n, r in self.skipped],
                         "failed_tasks": [name for name, _ in self.failures],
                     }
                 )
@@ -228,8 +238,13 @@ class KilnReporter:
                 diag = diagnostic_from_failure(fail)
                 where = _where(diag)
                 self._err(f"  {name}" + (f" ({where})" if where else "") + "\n")
-        total = len(self.ran) + self.uptodate + len(self.failures) + len(self.blocked)
+        total = (
+            len(self.ran) + self.uptodate + len(self.failures) + len(self.blocked)
+            + len(self.skipped)
+        )  # fmt: skip
         blocked = f", {len(self.blocked)} not run (an input failed)" if self.blocked else ""
+        if self.skipped:
+            blocked += f", {len(self.skipped)} skipped (target unavailable)"
         cache_part = (
             f" ({fetched} fetched, {counts['compiled']} compiled)" if any(counts.values()) else ""
         )

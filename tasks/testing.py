@@ -235,6 +235,8 @@ def _test_action(pipeline: str, instance: str, target: str, report_path: str):
     if report["status"] in ("fail", "error"):
         return TaskFailed(format_report(report))
     if report["status"] == "skipped":
-        return None  # no report file: the task runs again once the target is available
+        # no report file: the task runs again once the target is available; the
+        # reporter counts it as skipped, with the reason, never as a success
+        return {"skipped": report.get("reason") or "target unavailable"}
     write_bytes_atomic(Path(report_path), json.dumps(report, indent=1, sort_keys=True).encode())
     return None

@@ -89,6 +89,7 @@ def test_json_format_prints_one_object_per_diagnostic(monkeypatch):
         "up_to_date": 0,
         "failed": 1,
         "not_run": 0,
+        "skipped": [],
         "failed_tasks": ["compile:x.s.trace"],
     }
 
