@@ -47,6 +47,9 @@ class Runner:
     """Base class. Subclasses set ``kind`` and implement prepare/run."""
 
     kind = "base"
+    # the project's artifact cache (kiln.cache.config.CacheConfig), set by the task
+    # layer: a runner that compiles (iree) shares its outputs through the same store
+    artifact_cache = None
 
     def __init__(self, options: dict[str, Any] | None = None, machine: dict | None = None):
         self.options = dict(options or {})

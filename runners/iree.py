@@ -170,6 +170,26 @@ def cache_key(mlir: str, options: IreeOptions, compiler_version: str) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+VMFB_OUTPUT = "vmfb"
+
+
+def _store_key(key: str) -> str:
+    """The vmfb's action key in the shared store, apart from every stage's."""
+    return hashlib.sha256(f"iree-vmfb:{key}".encode()).hexdigest()
+
+
+def _fetch_vmfb(session, key: str) -> bytes | None:
+    outputs, _ = session.lookup(_store_key(key))  # verified against its digest
+    return None if outputs is None else outputs.get(VMFB_OUTPUT)
+
+
+def _store_vmfb(session, key: str, vmfb: bytes) -> None:
+    try:
+        session.store(_store_key(key), {VMFB_OUTPUT: vmfb})
+    except OSError:  # a full or read-only cache costs speed, never the test
+        pass
+
+
 def _compiler_version(compiler) -> str:
     try:
         from iree.compiler import version  # noqa: PLC0415
@@ -294,8 +314,22 @@ class IreeRunner(Runner):
 
             quarantine(path, f"{type(exc).__name__}: {exc}", "it will be compiled again")
             function = None
+        shared = self._shared_store()
+        if function is None and shared is not None:
+            vmfb = _fetch_vmfb(shared, key)
+            if vmfb is not None:
+                try:
+                    function = _load(runtime, device, vmfb, graph)
+                    write_bytes_atomic(path, vmfb)
+                    metrics.update(cache="fetched", compile_s=0.0)
+                except OSError:
+                    function = None  # a full local disk: compile as if nothing was fetched
+                except Exception:  # noqa: BLE001  verified bytes IREE refuses: compile again
+                    function = None
         if function is None:
             vmfb, seconds = compile_graph(graph, config, mlir)
+            if shared is not None:
+                _store_vmfb(shared, key, vmfb)
             try:
                 write_bytes_atomic(path, vmfb)
             except OSError as exc:
@@ -308,6 +342,19 @@ class IreeRunner(Runner):
             function = _load(runtime, device, vmfb, graph)
             metrics.update(cache="miss", compile_s=seconds)
         return IreePrepared(graph, path, function, device, metrics)
+
+    def _shared_store(self):
+        """The project's artifact cache session when it has a remote, else None.
+
+        The local vmfb directory already serves this machine; the shared store
+        lets a clean CI runner fetch what another machine compiled.
+        """
+        config = self.artifact_cache
+        if config is None or not config.enabled or not config.remote:
+            return None
+        from kiln.cache.session import session_for
+
+        return session_for(config)
 
     def run(self, prepared: IreePrepared, inputs: list[np.ndarray]) -> RunResult:
         start = _time.perf_counter()

@@ -47,8 +47,12 @@ def make_runner(project: Project, target: str):
             found=target,
             hint="targets are declared under `targets:` in pipeline.yaml",
         )
+    from kiln.cache.config import resolve_cache_config
+
     cls = load_runner_class(spec.runner)
-    return cls(options=dict(spec.options), machine=project.machine(spec.machine))
+    runner = cls(options=dict(spec.options), machine=project.machine(spec.machine))
+    runner.artifact_cache = resolve_cache_config(project.pipeline.cache_settings)
+    return runner
 
 
 def build(project: Project, instances: list[KernelInstance]) -> None:

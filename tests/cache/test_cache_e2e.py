@@ -109,3 +109,26 @@ def test_cache_verify_and_gc_on_the_local_store(warm):
     assert "now 0 B" in proc.stdout
     bad = run_kiln(project, "cache", "gc", "--max-size", "lots")
     assert bad.returncode == 2 and "--max-size" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def iree_project(warm, name: str) -> Path:
+    """A clone whose pipeline has an iree-cpu target."""
+    project, _, _ = warm
+    fresh = clone(project, name)
+    pipe = fresh / "pipeline.yaml"
+    sim = "  sim: {runner: sim, machine: npu-v1}\n"
+    pipe.write_text(pipe.read_text().replace(sim, sim + "  iree-cpu: {runner: iree}\n"))
+    return fresh
+
+
+def test_a_vmfb_compiled_once_is_fetched_by_a_clean_clone(warm):
+    pytest.importorskip("iree.compiler", reason="the iree target needs kiln[iree]")
+    _, remote, _ = warm
+    env = {"KILN_REMOTE_CACHE": f"file://{remote}"}
+    first = run_kiln(iree_project(warm, "iree-a"), "run", "vector_add", "--target", "iree-cpu",
+                     env=env, check=True)  # fmt: skip
+    assert "cache: miss" in first.stdout
+    second = run_kiln(iree_project(warm, "iree-b"), "run", "vector_add", "--target", "iree-cpu",
+                      env=env, check=True)  # fmt: skip
+    assert "cache: fetched" in second.stdout and "compile_s: 0.0" in second.stdout
+    assert "warning" not in second.stderr
