@@ -523,7 +523,10 @@ def test_unknown_stage_option_lists_the_valid_ones(proj, built):
     )
     out = assert_clean_failure(run_kiln(proj, "compile", "vector_add"), 1)
     assert "unknown option 'tile_mm' for stage 'visa'" in out, out
-    assert "expected: one of: fusion, tile_k, tile_m, tile_n, vector_tile" in out, out
+    assert (
+        "expected: one of: fusion, reduce_split, tile_k, tile_m, tile_n, tile_order, vector_tile"
+        in out
+    ), out
     assert "hint: did you mean 'tile_m'?" in out and "at key: stages[1].options" in out, out
     head = header(out)
     assert Path(head["file"]).name == "pipeline.yaml"
@@ -707,6 +710,7 @@ def test_json_diagnostic_for_a_stage_error(proj, built):
         "up_to_date": 0,
         "failed": 1,
         "not_run": 1,
+        "skipped": [],
         "failed_tasks": ["compile:vector_add.small.schedule"],
     }
     assert_nothing_lost(proj, built, rebuilt=("vector_add",))
