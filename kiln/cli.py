@@ -1,35 +1,46 @@
 """The `kiln` command: Kiln's own commands, and every doit command passed through.
 
-User-facing errors (KilnError) become one message and a non-zero exit,
-never a traceback: exit 2 for bad input, 1 for a failed build or check.
+This module only parses and prints: the parser lives in kiln/cli_parser.py,
+the commands in the modules COMMANDS names. User-facing errors (KilnError)
+become one message and a non-zero exit, never a traceback: exit 2 for bad
+input or usage, 1 for a failed build or check.
 """
 
 from __future__ import annotations
 
-import argparse
+import difflib
 import json
 import os
 import sys
 from pathlib import Path
 
 from kiln.brokenpipe import guard_stdout
-from kiln.commands_cache import add_cache_parser, add_executor_flags
+from kiln.cli_help import DOIT_COMMANDS, SUMMARIES
+from kiln.cli_parser import build_parser, subcommands
 from kiln.errors import Abort, KilnError, environment_error
 from kiln.logconfig import setup_logging
 
-DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
-OWN_COMMANDS = (
-    "compile",
-    "status",
-    "run",
-    "inspect",
-    "test",
-    "bench",
-    "tune",
-    "view",
-    "graph",
-    "cache",
-)
+# Kiln's own commands: "module:function" called with the parsed arguments
+COMMANDS = {
+    "compile": "kiln.commands:cmd_compile",
+    "status": "kiln.commands:cmd_status",
+    "run": "kiln.commands:cmd_run",
+    "inspect": "kiln.commands:cmd_inspect",
+    "test": "kiln.commands:cmd_test",
+    "bench": "kiln.commands:cmd_bench",
+    "tune": "kiln.commands:cmd_tune",
+    "view": "kiln.report.commands:cmd_view",
+    "graph": "kiln.report.commands:cmd_graph",
+    "cache": "kiln.commands_cache:cmd_cache",
+    "init": "kiln.scaffold:cmd_init",
+    "watch": "kiln.watch:cmd_watch",
+    "config": "kiln.commands_config:cmd_config",
+    "completion": "kiln.completion:cmd_completion",
+}
+OWN_COMMANDS = tuple(COMMANDS)
+# doit's task groups: `kiln report` runs doit's report tasks, not a misspelled command
+TASK_GROUPS = ("report",)
+DOIT_USAGE_ERROR = 3  # doit's exit status for a bad command line: Kiln's is 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,11 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     fmt = _message_format(argv)
     try:
-        if argv and argv[0] in OWN_COMMANDS:
-            return _dispatch(argv)
-        from kiln.tasks.build import run_doit
-
-        return run_doit(None, argv) or 0  # doit returns None for some commands (clean)
+        return _main(argv)
     except KilnError as err:
         _print_error(err, fmt)
         return getattr(err, "exit_code", 2)
@@ -52,9 +59,32 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # full disk, permissions, a file where a dir belongs
         _print_error(environment_error(exc), fmt)
         return 2
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, already printed)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
         print("kiln: interrupted", file=sys.stderr)
         return 130
+
+
+def _main(argv: list[str]) -> int:
+    flags, rest = split_global_flags(argv)
+    if flags.get("version"):
+        print(version_text())
+        return 0
+    if flags.get("help") or not rest:
+        print(build_parser().format_help(), end="")
+        return 0
+    apply_global_flags(flags)
+    command = rest[0]
+    if command == "help":
+        return _help(rest[1:])
+    if command in OWN_COMMANDS or (command == "clean" and {"-h", "--help"} & set(rest[1:])):
+        return _dispatch(rest)  # doit's clean runs as doit's, but its help is Kiln's
+    _check_command(command)
+    from kiln.tasks.build import run_doit
+
+    rc = run_doit(None, rest) or 0  # doit returns None for some commands (clean)
+    return 2 if rc == DOIT_USAGE_ERROR else rc
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -62,126 +92,165 @@ def _dispatch(argv: list[str]) -> int:
         from kiln.tasks.problems import run_problem_bench  # built-in problems: own flags
 
         return run_problem_bench(argv[1:])
-    parser = _parser()
-    args = parser.parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the command whose options these are not, with its usage
+        subparser = {name: sub for name, sub, _ in subcommands(parser)}[args.command]
+        subparser.error(f"unrecognized arguments: {' '.join(extra)}")
+    apply_global_flags(vars(args))
     if getattr(args, "message_format", None):
         os.environ["KILN_MESSAGE_FORMAT"] = args.message_format
     if getattr(args, "no_wait", False):
         os.environ["KILN_NO_WAIT"] = "1"  # read where the project lock is taken
-    from kiln import commands, commands_cache
+    from kiln import commands_cache
 
-    if args.command == "cache":
-        return commands_cache.cmd_cache(args)
     commands_cache.apply_executor_flags(args)
-    if args.command in ("view", "graph"):
-        from kiln.report import commands
-    return getattr(commands, f"cmd_{args.command}")(args)
+    return _command(args.command)(args)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kiln",
-        description="Kiln: build, test and run compute "
-        "kernels. Other commands (list, info, clean, forget, ...) go to doit.",
+def _command(name: str):
+    """The function of one of Kiln's own commands, imported when it runs."""
+    import importlib
+
+    module_name, func = COMMANDS[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise KilnError(
+            f"`kiln {name}` is not available in this installation",
+            found=f"no module {module_name}",
+            hint="reinstall kiln, or update it",
+        ) from None
+    return getattr(module, func)
+
+
+def _help(topics: list[str]) -> int:
+    """`kiln help [COMMAND]`: Kiln's help, or doit's for a doit command."""
+    if not topics:
+        print(build_parser().format_help(), end="")
+        return 0
+    topic = topics[0]
+    if topic in OWN_COMMANDS or topic in ("clean", "help"):
+        return _dispatch([topic, "--help"])
+    if topic in DOIT_COMMANDS or topic in ("run", "task", "tabcompletion", "auto"):
+        from kiln.tasks.build import run_doit
+
+        return run_doit(None, ["help", *topics]) or 0
+    raise _unknown_command(topic)
+
+
+def _check_command(word: str) -> None:
+    """A near miss of a command name is a usage error; anything else goes to doit."""
+    if word.startswith("-") or ":" in word or "=" in word or word in TASK_GROUPS:
+        return
+    if word in DOIT_COMMANDS or word in ("clean", "tabcompletion", "auto"):
+        return
+    if difflib.get_close_matches(word, [*SUMMARIES, *DOIT_COMMANDS], n=1, cutoff=0.75):
+        raise _unknown_command(word)
+
+
+def _unknown_command(word: str) -> KilnError:
+    close = difflib.get_close_matches(word, [*SUMMARIES, *DOIT_COMMANDS], n=1, cutoff=0.6)
+    return KilnError(
+        f"unknown command '{word}'",
+        expected="a Kiln command (`kiln help` lists them) or a doit command",
+        found=word,
+        hint=f"did you mean `kiln {close[0]}`?" if close else "run `kiln help`",
     )
-    sub = p.add_subparsers(dest="command", required=True)
-
-    c = sub.add_parser("compile", help="compile kernels (substring filters on package.module.fn)")
-    c.add_argument("filters", nargs="*", metavar="FILTER")
-    c.add_argument("-p", "--package", action="append", default=[], metavar="PKG")
-    c.add_argument("--shapes", metavar="NAME", help="only this shape set")
-    c.add_argument("-n", "--process", type=int, default=0, metavar="N", help="parallel jobs")
-    _build_flags(c)
-    for kind in DUMP_FLAGS:
-        metavar = "DIR" if kind == "summary" else "FILE"
-        c.add_argument(f"--dump-{kind}", metavar=metavar, type=Path)
-    c.add_argument("--message-format", choices=["human", "json"], default="human")
-    add_executor_flags(c)
-    c.add_argument("--profile", type=Path, metavar="FILE", help="write the build's Chrome trace")
-
-    s = sub.add_parser("status", help="say which tasks would run, and why")
-    s.add_argument("filters", nargs="*", metavar="FILTER")
-    s.add_argument("-p", "--package", action="append", default=[], metavar="PKG")
-    s.add_argument("--all", action="store_true", help="list up-to-date tasks too")
-
-    r = sub.add_parser("run", help="run a kernel, or an app of pipeline.yaml, on a target")
-    r.add_argument("name", metavar="KERNEL|APP")
-    r.add_argument("--target", default="cpu")
-    r.add_argument("--shapes", metavar="NAME")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--save-outputs", type=Path, metavar="DIR")
-    _build_flags(r, fail_fast=False)
-
-    i = sub.add_parser("inspect", help="decode an EDF kernel binary")
-    i.add_argument("file", type=Path)
-
-    t = sub.add_parser("test", help="check targets against the cpu oracle")
-    t.add_argument("filters", nargs="*", metavar="FILTER")
-    t.add_argument("--target", action="append", default=[], metavar="T")
-    t.add_argument("--junit", type=Path, metavar="FILE")
-    t.add_argument("--seed", type=int, default=0)
-    _build_flags(t)
-
-    b = sub.add_parser(
-        "bench", help="time kernels on a target (or problem:conv|gemm|layernorm|softmax|attention)"
-    )
-    b.add_argument("filters", nargs="*", metavar="FILTER")
-    b.add_argument("--target", required=True, metavar="T")
-    b.add_argument(
-        "--shape",
-        metavar="DIMS",
-        help="time the kernel at these sizes instead of its shape sets, e.g. M=64,K=32,N=16",
-    )
-    b.add_argument("--iter", type=int, default=10)
-    b.add_argument("--warmup", type=int, default=2)
-    b.add_argument("--device", type=int, default=0)
-    b.add_argument("--output-format", choices=["table", "csv", "json"], default="table")
-    _build_flags(b)
-    add_cache_parser(sub)
-
-    u = sub.add_parser(
-        "tune",
-        help="search tiles, fusion and scheduling per kernel; records in tuning.jsonl",
-        description="Price candidate stage options by their makespan on the machine model, "
-        "verify the best on the simulator against the oracle, and keep it in tuning.jsonl, "
-        "which `kiln compile` applies. Example: kiln tune gemm --shapes large --budget 200",
-    )
-    u.add_argument("filters", nargs="*", metavar="FILTER")
-    u.add_argument("--shapes", metavar="NAME", help="only this shape set")
-    u.add_argument("--budget", type=int, default=64, metavar="N", help="trials per instance")
-    u.add_argument(
-        "--strategy",
-        choices=["grid", "random", "evolutionary"],
-        default="evolutionary",
-        help="how candidates are proposed (all deterministic for a given --seed)",
-    )
-    u.add_argument("--seed", type=int, default=0, help="seed of the random proposals")
-    u.add_argument("-n", "--process", type=int, default=0, metavar="N", help="parallel trials")
-    u.add_argument("--force", action="store_true", help="tune again even if a record is current")
-    u.add_argument("--show", action="store_true", help="print the records instead of tuning")
-
-    from kiln.report.commands import add_parsers
-
-    add_parsers(sub)
-    return p
 
 
-def _build_flags(parser: argparse.ArgumentParser, fail_fast: bool = True) -> None:
-    """Flags of every command that builds: the project lock and what a failure stops."""
-    parser.add_argument(
-        "--no-wait",
-        action="store_true",
-        help="fail at once (exit 2, naming the holder) when another build holds "
-        "the project lock, instead of waiting for it (env KILN_NO_WAIT=1)",
-    )
-    if fail_fast:
-        parser.add_argument(
-            "-x",
-            "--fail-fast",
-            action="store_true",
-            help="stop at the first failure; by default every kernel that can be "
-            "built is built and every failure reported",
+# -- global flags ------------------------------------------------------------------
+
+GLOBAL_SWITCHES = {
+    "-h": ("help", True),
+    "--help": ("help", True),
+    "-V": ("version", True),
+    "--version": ("version", True),
+    "-v": ("verbosity", 2),
+    "--verbose": ("verbosity", 2),
+    "-q": ("verbosity", 0),
+    "--quiet": ("verbosity", 0),
+}
+
+
+def split_global_flags(argv: list[str]) -> tuple[dict, list[str]]:
+    """The global flags before the command, and the rest (from the command on).
+
+    Stops at the first word that is not a global flag, so doit's own options
+    (`kiln -n 2 compile`) still reach doit.
+    """
+    flags: dict = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in GLOBAL_SWITCHES:
+            key, value = GLOBAL_SWITCHES[arg]
+            flags[key] = value
+        elif arg in ("-f", "--file"):
+            if i + 1 >= len(argv):
+                raise KilnError(f"{arg} needs a value", expected=f"{arg} PATH/pipeline.yaml")
+            flags["pipeline_file"] = argv[i + 1]
+            i += 1
+        elif arg.startswith("--file="):
+            flags["pipeline_file"] = arg.split("=", 1)[1]
+        else:
+            break
+        i += 1
+    return flags, argv[i:]
+
+
+def apply_global_flags(flags: dict) -> None:
+    """-f and -v/-q reach the rest of Kiln (and doit's loader) through the environment."""
+    if flags.get("pipeline_file") is not None:
+        os.environ["KILN_PIPELINE_FILE"] = str(pipeline_file(Path(flags["pipeline_file"])))
+    if flags.get("verbosity") is not None:
+        os.environ["KILN_VERBOSITY"] = str(flags["verbosity"])
+
+
+def pipeline_file(path: Path) -> Path:
+    """The absolute pipeline file -f names: the file itself, or pipeline.yaml in a directory."""
+    path = path.expanduser().absolute()
+    if path.is_dir():
+        path = path / "pipeline.yaml"
+    if not path.is_file():
+        raise KilnError(
+            f"no pipeline file at {path}",
+            expected="-f PATH naming a pipeline.yaml (or the directory holding one)",
+            found=str(path),
+            hint="start a project there with `kiln init`",
         )
+    return path
+
+
+def version_text() -> str:
+    """`kiln --version`: Kiln's own version first, then what it runs on (no imports)."""
+    import platform
+    from importlib import metadata
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    from kiln import __version__
+
+    compiler = version("iree-base-compiler") or version("iree-compiler")
+    runtime = version("iree-base-runtime") or version("iree-runtime")
+    if compiler or runtime:
+        iree = f"IREE compiler {compiler or 'not installed'}, runtime {runtime or 'not installed'}"
+    else:
+        iree = "IREE not installed"
+    return "\n".join(
+        [
+            f"kiln {version('kiln') or __version__}",
+            f"doit {version('doit') or 'not installed'}",
+            f"Python {platform.python_version()}",
+            iree,
+        ]
+    )
 
 
 def _message_format(argv: list[str]) -> str:

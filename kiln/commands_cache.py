@@ -16,7 +16,7 @@ SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4
 
 def add_cache_parser(sub) -> None:
     c = sub.add_parser("cache", help="the content-addressed artifact store (KILN_CACHE_DIR)")
-    action = c.add_subparsers(dest="cache_command", required=True)
+    action = c.add_subparsers(dest="cache_command", metavar="stats|gc|verify", required=True)
     action.add_parser("stats", help="entries, bytes, and the last build's hit/fetch/compile counts")
     gc = action.add_parser("gc", help="drop least recently used entries down to a size")
     gc.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G")

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 
 from tests.conftest import run_kiln
 
@@ -106,3 +113,217 @@ def test_dump_mlir_writes_the_iree_input(project):
     text = target.read_text()
     assert "func.func @softmax" in text and "tensor<8x64xf32>" in text
     assert "wrote mlir dump of softmax.small" in proc.stdout
+
+
+# -- the front door: help, version, usage errors, completion, global flags ------------
+
+HELP_WAYS = [[], ["--help"], ["-h"], ["help"]]
+
+
+def _main(capsys, *argv: str) -> tuple[int, str, str]:
+    from kiln.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """main() hands -f/-v/-q on through os.environ: undo that after the test."""
+    for name in ("KILN_PIPELINE_FILE", "KILN_VERBOSITY", "KILN_MESSAGE_FORMAT"):
+        monkeypatch.delenv(name, raising=False)
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.mark.parametrize("argv", HELP_WAYS, ids=lambda a: " ".join(a) or "(none)")
+def test_every_way_of_asking_for_help_lists_kilns_commands(capsys, argv):
+    from kiln.cli_help import SUMMARIES
+
+    rc, out, _ = _main(capsys, *argv)
+    assert rc == 0
+    for name, summary in SUMMARIES.items():
+        assert f"  {name}" in out and summary in out, name
+    assert "list, info, forget" in out  # doit's commands pass through
+    assert "examples:" in out and "kiln init" in out
+    assert "exit status:" in out and "2    usage or input error" in out
+    assert "tabcompletion" not in out  # not doit's own command list
+
+
+def test_command_help_is_the_same_by_flag_and_by_help(capsys):
+    rc, by_flag, _ = _main(capsys, "compile", "--help")
+    assert rc == 0
+    rc, by_help, _ = _main(capsys, "help", "compile")
+    assert rc == 0 and by_help == by_flag
+    assert "usage: kiln compile" in by_flag and "--dump-schedule FILE" in by_flag
+    assert "examples:" in by_flag and "exit status: 0 ok, 1 failure, 2 usage" in by_flag
+
+
+def test_help_for_a_doit_command_is_doits(capsys):
+    rc, out, _ = _main(capsys, "help", "list")
+    assert rc == 0 and "list tasks" in out
+
+
+def test_every_option_of_every_command_has_help():
+    from kiln.cli_help import SUMMARIES
+    from kiln.cli_parser import build_parser, subcommands
+
+    missing = []
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            if not action.help:
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+        for child, sub, summary in subcommands(parser):
+            if not summary or not sub.description:
+                missing.append(f"{name} {child} (no summary)")
+            walk(sub, f"{name} {child}")
+
+    parser = build_parser()
+    walk(parser, "kiln")
+    assert missing == []
+    assert {n for n, _, _ in subcommands(parser)} == set(SUMMARIES)
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_names_kiln_doit_python_and_iree(capsys, flag):
+    from importlib import metadata
+
+    rc, out, _ = _main(capsys, flag)
+    lines = out.splitlines()
+    assert rc == 0
+    assert lines[0] == f"kiln {metadata.version('kiln')}" == "kiln 0.1.0"
+    assert lines[1] == f"doit {metadata.version('doit')}"
+    assert lines[2] == f"Python {platform.python_version()}"
+    assert lines[3].startswith("IREE ")  # a version, or "IREE not installed"
+
+
+def test_version_and_command_help_import_neither_numpy_nor_ml_dtypes():
+    code = (
+        "import contextlib, io, sys\n"
+        "from kiln.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    rc = main(sys.argv[1:])\n"
+        "print(rc, 'numpy' in sys.modules or 'ml_dtypes' in sys.modules)\n"
+    )
+    for args in (["--version"], ["help", "watch"], ["init", "--help"], ["completion", "zsh"]):
+        out = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, check=True
+        )
+        assert out.stdout.split() == ["0", "False"], (args, out.stderr)
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["compile", "--bogus"], "kiln compile: error: unrecognized arguments: --bogus"),
+        (["bench", "gemm"], "kiln bench: error: the following arguments are required: --target"),
+        (["cache"], "kiln cache: error: the following arguments are required: stats|gc|verify"),
+        (["compil"], "did you mean `kiln compile`?"),
+        (["help", "nosuch"], "unknown command 'nosuch'"),
+        (["-f"], "-f needs a value"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_message(tmp_path, argv, says):
+    proc = run_kiln(tmp_path, *argv)
+    assert proc.returncode == 2
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unknown_word_is_exit_2_not_doits_3(project):
+    proc = run_kiln(project, "nosuchthing")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_file_flag_before_or_after_the_command_finds_the_project(project, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    for argv in (
+        ["-f", str(project / "pipeline.yaml"), "status"],
+        ["--file", str(project), "status"],
+        ["status", "-f", str(project / "pipeline.yaml")],
+    ):
+        proc = run_kiln(elsewhere, *argv)
+        assert proc.returncode == 0, (argv, proc.stderr)
+        assert "tasks would run" in proc.stdout
+    proc = run_kiln(elsewhere, "-f", str(elsewhere / "nope.yaml"), "status")
+    assert proc.returncode == 2 and "no pipeline file at" in proc.stderr
+
+
+def test_global_flags_set_the_environment_kiln_reads(clean_env, tmp_path):
+    from kiln.cli import apply_global_flags, split_global_flags
+
+    (tmp_path / "pipeline.yaml").write_text("project: x\n")
+    flags, rest = split_global_flags(["-q", "--file", str(tmp_path), "-n", "2", "compile"])
+    assert rest == ["-n", "2", "compile"]  # doit's own options still reach doit
+    apply_global_flags(flags)
+    assert os.environ["KILN_VERBOSITY"] == "0"
+    assert os.environ["KILN_PIPELINE_FILE"] == str(tmp_path / "pipeline.yaml")
+    apply_global_flags(split_global_flags(["--verbose", "status"])[0])
+    assert os.environ["KILN_VERBOSITY"] == "2"
+
+
+def test_quiet_drops_the_per_task_lines(project):
+    proc = run_kiln(project, "-q", "compile", "vector_add", check=True)
+    assert not [line for line in proc.stdout.splitlines() if line.startswith(". ")]
+    assert "tasks:" in proc.stdout
+
+
+def _completion(shell: str) -> str:
+    from kiln.completion import script
+
+    return script(shell)
+
+
+def test_bash_completion_is_valid_and_knows_every_command(tmp_path):
+    from kiln.cli_help import SUMMARIES
+
+    text = _completion("bash")
+    path = tmp_path / "kiln.bash"
+    path.write_text(text)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    for name in SUMMARIES:
+        assert f'"{name}")' in text or f" {name} " in text, name
+    probe = (
+        f"source {path}\n"
+        't() { COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]}-1)); COMPREPLY=(); _kiln;'
+        ' echo "${COMPREPLY[*]}"; }\n'
+        "t kiln co\nt kiln -q compile --message-format ''\nt kiln cache ''\n"
+        "t kiln cache gc --m\nt kiln test --target sim --ju\nt kiln completion ''\n"
+    )
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "compile config completion",
+        "human json",
+        "stats gc verify",
+        "--max-size",
+        "--junit",
+        "bash zsh fish",
+    ]
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_zsh_and_fish_completion_parse(tmp_path, shell):
+    text = _completion(shell)
+    assert "watch" in text and "debounce" in text and "dump-schedule" in text
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    path = tmp_path / f"kiln.{shell}"
+    path.write_text(text)
+    proc = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_completion_command_prints_the_script(capsys):
+    rc, out, _ = _main(capsys, "completion", "bash")
+    assert rc == 0 and out == _completion("bash") and "complete -o default -F _kiln kiln" in out
+
+
+def test_config_command_prints_json(project):
+    pytest.importorskip("kiln.commands_config")
+    proc = run_kiln(project, "config", "--json", check=True)
+    assert isinstance(json.loads(proc.stdout), dict)

@@ -12,7 +12,7 @@ from kiln.errors import KilnError
 def add_parsers(sub) -> None:
     """The ``view`` and ``graph`` subcommands, added to kiln's subparsers."""
     v = sub.add_parser("view", help="write one self-contained HTML report of the build")
-    v.add_argument("filters", nargs="*", metavar="FILTER")
+    v.add_argument("filters", nargs="*", metavar="FILTER", help="only these kernels (default all)")
     v.add_argument("--shapes", metavar="NAME", help="only this shape set")
     v.add_argument(
         "-o", "--output", type=Path, metavar="FILE", help="default <out_dir>/report.html"
@@ -23,9 +23,14 @@ def add_parsers(sub) -> None:
     )
 
     g = sub.add_parser("graph", help="print the task DAG of the selection")
-    g.add_argument("filters", nargs="*", metavar="FILTER")
+    g.add_argument("filters", nargs="*", metavar="FILTER", help="only these kernels (default all)")
     g.add_argument("--shapes", metavar="NAME", help="only this shape set")
-    g.add_argument("--format", choices=["dot", "json", "mermaid"], default="dot")
+    g.add_argument(
+        "--format",
+        choices=["dot", "json", "mermaid"],
+        default="dot",
+        help="Graphviz dot (default), JSON, or a Mermaid diagram",
+    )
     g.add_argument(
         "--why", action="store_true", help="mark what `kiln status` would rerun, and why"
     )

@@ -1,0 +1,224 @@
+"""`kiln init [DIR]`: a new project that compiles and tests the moment it is written.
+
+Writes pipeline.yaml (complete: stages, machine and targets spelled out, so
+it builds with any Kiln that reads it), a kernels package with one example
+kernel, a pytest test of it, dodo.py for plain `doit`, .gitignore and a
+README. It never overwrites a file: if any exists, nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from kiln.errors import KilnError
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    written = init_project(root, name=getattr(args, "name", None))
+    shown = os.path.relpath(root.absolute(), Path.cwd())
+    print(f"kiln: created project {project_name(root, args.name)!r} in {shown}")
+    width = max(len(p) for p in written)
+    for path in written:
+        print(f"  {path:<{width}}  {DESCRIPTIONS[path]}")
+    steps = ([f"cd {shown}"] if shown != "." else []) + [
+        "kiln compile      build the example kernel",
+        "kiln test         check the simulator against the cpu oracle",
+        "python -m pytest  run the kernel's own test",
+    ]
+    print("next:\n" + "\n".join(f"  {step}" for step in steps))
+    return 0
+
+
+def init_project(root: Path, name: str | None = None) -> list[str]:
+    """Write the project's files under ``root``; their paths, relative to it.
+
+    Raises KilnError (exit 2), writing nothing, when ``root`` is a file or any
+    of the files already exists.
+    """
+    if root.exists() and not root.is_dir():
+        raise KilnError(
+            f"cannot create a project in {root}: it is a file",
+            expected="a directory (new or existing)",
+            found=str(root),
+        )
+    files = project_files(project_name(root, name))
+    existing = sorted(rel for rel in files if (root / rel).exists())
+    if existing:
+        raise KilnError(
+            f"kiln init would overwrite {len(existing)} existing file(s) in {root}",
+            found=", ".join(existing),
+            hint="choose a new or empty directory (kiln init DIR), or move these files away; "
+            "nothing was written",
+        )
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "x", encoding="utf-8") as f:  # "x": never replace a file
+            f.write(text)
+    return list(files)
+
+
+def project_name(root: Path, name: str | None = None) -> str:
+    return name or root.absolute().resolve().name or "kiln-project"
+
+
+def project_files(name: str) -> dict[str, str]:
+    """Relative path -> text of every file a new project gets."""
+    return {
+        "pipeline.yaml": PIPELINE.format(schema=schema_reference(), name=json.dumps(name)),
+        "kernels/__init__.py": KERNELS_INIT,
+        "kernels/example.py": EXAMPLE_KERNEL,
+        "tests/test_example.py": EXAMPLE_TEST,
+        "dodo.py": DODO,
+        "pyproject.toml": PYPROJECT,
+        ".gitignore": GITIGNORE,
+        "README.md": README.format(name=name),
+    }
+
+
+def schema_reference() -> str:
+    """Where editors find pipeline.yaml's JSON Schema: the one this Kiln ships."""
+    from kiln.pipeline.load import SCHEMA_PATH
+
+    return os.fspath(SCHEMA_PATH.resolve())
+
+
+DESCRIPTIONS = {
+    "pipeline.yaml": "what to build: kernels, shape sets, stages, machine, targets",
+    "kernels/__init__.py": "the kernel package pipeline.yaml scans",
+    "kernels/example.py": "one @device kernel: scale_add",
+    "tests/test_example.py": "pytest: the kernel against numpy",
+    "dodo.py": "lets plain `doit compile` build this project too",
+    "pyproject.toml": "pytest settings (the project root on sys.path)",
+    ".gitignore": "build outputs and Kiln's state stay out of git",
+    "README.md": "the commands to start with",
+}
+
+PIPELINE = """\
+# yaml-language-server: $schema={schema}
+# What `kiln compile` (or plain `doit compile`) builds. Reference: Kiln's docs/pipeline.md.
+project: {name}
+out_dir: build/kiln/kernel
+
+# Kernel packages: modules scanned for @device functions.
+packages:
+  - kernels
+
+# The machine model the compile stages target (see machines: below).
+machine: npu-v1
+
+# Each kernel, and the sizes of its symbolic dims: one build per shape set.
+kernels:
+  scale_add:
+    dtype: f32
+    shapes:
+      small: {{N: 1024}}
+      large: {{N: 65536}}
+
+# The compiler stages, in order: one task per kernel, shape set and row.
+stages:
+  - name: trace
+    module: kiln.stages.trace
+  - name: visa
+    module: kiln.stages.visa
+    options: {{fusion: true}}
+  - name: lir
+    module: kiln.stages.lir
+  - name: schedule
+    module: kiln.stages.schedule
+    options: {{policy: critical-path}}
+  - name: edf
+    module: kiln.stages.edf
+
+machines:
+  npu-v1:
+    clock_mhz: 1000
+    sram_bytes: 4194304
+    units: {{dma: 2, tensor: 1, vector: 2}}
+    dma: {{bytes_per_cycle: 64, latency: 100}}
+    tensor: {{tile: [32, 32, 32], cycles_per_tile: 32}}
+    vector:
+      lanes: 64
+      latency:
+        {{default: 4, exp: 8, log: 8, div: 8, sqrt: 8, rsqrt: 8, tanh: 8, sigmoid: 8, gelu: 12}}
+
+# Where kernels run: `kiln test` checks every target against the cpu oracle.
+# With `pip install kiln[iree]`, add  iree-cpu: {{runner: iree, options: {{device: llvm-cpu}}}}
+targets:
+  cpu: {{runner: cpu}}
+  sim: {{runner: sim, machine: npu-v1}}
+"""
+
+KERNELS_INIT = '"""This project\'s kernels: every @device function here can be built."""\n'
+
+EXAMPLE_KERNEL = '''\
+"""An example kernel: edit it, then `kiln compile` and `kiln test` (or `kiln watch`)."""
+
+# ruff: noqa: F821  (Tensor["N"] names a symbolic dim, bound by pipeline.yaml's shapes)
+
+from kiln import Tensor, device
+
+
+@device
+def scale_add(x: Tensor["N"], y: Tensor["N"]):
+    """2 * x + y, elementwise: plain Python over tensors, with NumPy's semantics."""
+    return 2.0 * x + y
+'''
+
+EXAMPLE_TEST = '''\
+"""The example kernel, run eagerly on numpy arrays (the cpu target), against numpy."""
+
+import numpy as np
+
+from kernels.example import scale_add
+
+
+def test_scale_add_matches_numpy():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(1024).astype(np.float32)
+    y = rng.standard_normal(1024).astype(np.float32)
+    np.testing.assert_allclose(scale_add(x, y), 2.0 * x + y, rtol=1e-6)
+'''
+
+DODO = '''\
+"""`doit compile` here: hands pipeline.yaml's tasks to plain doit (`kiln compile` needs no dodo)."""
+
+from kiln.tasks.loader import dodo_namespace
+
+globals().update(dodo_namespace())
+'''
+
+PYPROJECT = """\
+# pytest finds the kernels package from the project root.
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+pythonpath = ["."]
+"""
+
+GITIGNORE = """\
+# Kiln's build outputs and state
+build/
+.kiln/
+# Python
+.venv/
+__pycache__/
+.pytest_cache/
+"""
+
+README = """\
+# {name}
+
+Compute kernels built with Kiln.
+
+- `kernels/`: `@device` kernels; `pipeline.yaml` says which to build, at which shapes
+- `kiln compile`: build every kernel (or `kiln compile scale_add`); `doit compile` works too
+- `kiln test`: check every target of pipeline.yaml against the cpu oracle
+- `kiln watch --target sim`: rebuild and test on every save
+- `kiln status`: what would rebuild, and why
+- `python -m pytest`: the kernels' own tests
+- `kiln help`: every command
+"""

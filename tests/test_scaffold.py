@@ -1,0 +1,115 @@
+"""`kiln init`: a new project that builds, tests and lints at once, and never overwrites."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kiln.scaffold import init_project, project_files
+
+BIN = Path(sys.executable).parent
+
+
+def command(tool: str) -> list[str]:
+    """The venv's console script when it has one (as a user types it), else `python -m`."""
+    script = BIN / tool
+    return [str(script)] if script.is_file() else [sys.executable, "-m", tool]
+
+
+def run(cwd: Path, *argv: str, tool: str = "kiln") -> subprocess.CompletedProcess:
+    env = dict(os.environ, KILN_CACHE_DIR=str(cwd / ".cache"))
+    for name in ("KILN_OUT_DIR", "KILN_PIPELINE_FILE", "KILN_VERBOSITY"):
+        env.pop(name, None)
+    return subprocess.run(
+        [*command(tool), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"{proc.args} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def test_new_project_compiles_builds_with_doit_and_passes_its_tests(tmp_path):
+    out = ok(run(tmp_path, "init", "p")).stdout
+    assert "created project 'p'" in out and "kiln compile" in out
+    project = tmp_path / "p"
+    assert "0 failed" in ok(run(project, "compile")).stdout
+    ok(run(project, "compile", tool="doit"))  # plain doit, through the project's dodo.py
+    tested = ok(run(project, "test")).stdout
+    assert "PASS    scale_add.small @ sim" in tested and "0 fail, 0 error" in tested
+    pytest_run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert pytest_run.returncode == 0 and "1 passed" in pytest_run.stdout, pytest_run.stdout
+
+
+def test_new_project_in_the_working_directory_is_lint_clean(tmp_path):
+    ok(run(tmp_path, "init"))
+    assert set(project_files("x")) <= {
+        p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()
+    }
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout
+
+
+def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path):
+    (tmp_path / "pipeline.yaml").write_text("mine\n")
+    (tmp_path / "README.md").write_text("mine too\n")
+    proc = run(tmp_path, "init", ".")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "README.md, pipeline.yaml" in proc.stderr and "nothing was written" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "pipeline.yaml"]
+    assert (tmp_path / "pipeline.yaml").read_text() == "mine\n"
+
+
+def test_init_into_a_file_is_an_error(tmp_path):
+    (tmp_path / "afile").write_text("")
+    proc = run(tmp_path, "init", "afile")
+    assert proc.returncode == 2 and "it is a file" in proc.stderr
+
+
+def test_init_creates_missing_directories_and_takes_a_name(tmp_path):
+    written = init_project(tmp_path / "a" / "b", name="demo")
+    pipeline = yaml.safe_load((tmp_path / "a/b/pipeline.yaml").read_text())
+    assert pipeline["project"] == "demo" and "kernels/example.py" in written
+    assert set(pipeline["targets"]) == {"cpu", "sim"}  # no extra needed to test
+
+
+def test_pipeline_names_its_schema_for_editors(tmp_path):
+    init_project(tmp_path)
+    first = (tmp_path / "pipeline.yaml").read_text().splitlines()[0]
+    match = re.fullmatch(r"# yaml-language-server: \$schema=(.+)", first)
+    assert match and Path(match.group(1)).is_file()
+
+
+def test_gitignore_keeps_outputs_and_state_out_of_git(tmp_path):
+    init_project(tmp_path)
+    ignored = (tmp_path / ".gitignore").read_text().split()
+    assert {"build/", ".kiln/", ".venv/", "__pycache__/"} <= set(ignored)
+
+
+@pytest.mark.parametrize("existing", ["kernels/example.py", ".gitignore"])
+def test_any_one_existing_file_stops_init(tmp_path, existing):
+    from kiln.errors import KilnError
+
+    (tmp_path / existing).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / existing).write_text("x")
+    with pytest.raises(KilnError, match="would overwrite 1 existing file"):
+        init_project(tmp_path)
+    assert not (tmp_path / "pipeline.yaml").exists()
