@@ -108,9 +108,6 @@ out_dir: build/kiln/kernel
 packages:
   - kernels
 
-# The machine model the compile stages target (see machines: below).
-machine: npu-v1
-
 # Each kernel, and the sizes of its symbolic dims: one build per shape set.
 kernels:
   scale_add:
@@ -119,32 +116,9 @@ kernels:
       small: {{N: 1024}}
       large: {{N: 65536}}
 
-# The compiler stages, in order: one task per kernel, shape set and row.
-stages:
-  - name: trace
-    module: kiln.stages.trace
-  - name: visa
-    module: kiln.stages.visa
-    options: {{fusion: true}}
-  - name: lir
-    module: kiln.stages.lir
-  - name: schedule
-    module: kiln.stages.schedule
-    options: {{policy: critical-path}}
-  - name: edf
-    module: kiln.stages.edf
-
-machines:
-  npu-v1:
-    clock_mhz: 1000
-    sram_bytes: 4194304
-    units: {{dma: 2, tensor: 1, vector: 2}}
-    dma: {{bytes_per_cycle: 64, latency: 100}}
-    tensor: {{tile: [32, 32, 32], cycles_per_tile: 32}}
-    vector:
-      lanes: 64
-      latency:
-        {{default: 4, exp: 8, log: 8, div: 8, sqrt: 8, rsqrt: 8, tanh: 8, sigmoid: 8, gelu: 12}}
+# Kiln's built-in stages (trace, visa, lir, schedule, edf), machine models
+# (npu-v1, the default, and npu-tiny) and targets fill in the rest: `kiln config`
+# prints them. Write `stages:`, `machine:` or `machines:` here to change them.
 
 # Where kernels run: `kiln test` checks every target against the cpu oracle.
 # With `pip install kiln[iree]`, add  iree-cpu: {{runner: iree, options: {{device: llvm-cpu}}}}
