@@ -50,6 +50,10 @@ class Runner:
     # the project's artifact cache (kiln.cache.config.CacheConfig), set by the task
     # layer: a runner that compiles (iree) shares its outputs through the same store
     artifact_cache = None
+    # True when a report depends only on the artifacts' bytes and the runner's
+    # code and settings (never on a device or another compiler): such reports
+    # are kept in the artifact cache
+    reproducible = False
 
     def __init__(self, options: dict[str, Any] | None = None, machine: dict | None = None):
         self.options = dict(options or {})

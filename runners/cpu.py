@@ -10,6 +10,7 @@ from kiln.runners.base import KernelArtifacts, Runner, RunResult
 
 class CpuRunner(Runner):
     kind = "cpu"
+    reproducible = True
 
     def prepare(self, artifacts: KernelArtifacts):
         if artifacts.function is not None:

@@ -126,6 +126,7 @@ class SimBinary:
 
 class SimRunner(Runner):
     kind = "sim"
+    reproducible = True
 
     def prepare(self, artifacts: KernelArtifacts) -> SimBinary:
         from kiln.inspect_edf import load_edf

@@ -132,3 +132,15 @@ def test_a_vmfb_compiled_once_is_fetched_by_a_clean_clone(warm):
                       env=env, check=True)  # fmt: skip
     assert "cache: fetched" in second.stdout and "compile_s: 0.0" in second.stdout
     assert "warning" not in second.stderr
+
+
+def test_a_test_report_checked_once_is_fetched_by_a_clean_clone(warm):
+    project, remote, _ = warm
+    env = {"KILN_REMOTE_CACHE": f"file://{remote}"}
+    first = run_kiln(project, "test", "vector_add", "--target", "sim", env=env, check=True)
+    assert "PASS    vector_add.small @ sim  (max abs err 0)" in first.stdout
+    fresh = clone(project, "clone-tested")
+    again = run_kiln(fresh, "test", "vector_add", "--target", "sim", env=env, check=True)
+    assert "PASS    vector_add.small @ sim  (max abs err 0, cached)" in again.stdout
+    report = (fresh / "build" / "kiln" / "kernel" / "test-report.json").read_text()
+    assert '"cache": "fetched"' in report

@@ -1,0 +1,72 @@
+"""Test reports in the artifact cache: checked once per content, never served stale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_kiln
+
+OUT = Path("build/kiln/kernel")
+CACHED = "PASS    vector_add.small @ sim  (max abs err 0, cached)"
+CHECKED = "PASS    vector_add.small @ sim  (max abs err 0)"
+
+
+def sim_test(project: Path, *args: str, env: dict | None = None) -> str:
+    proc = run_kiln(project, "test", "vector_add", "--target", "sim", *args, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def saved_report(project: Path) -> dict:
+    (found,) = json.loads((project / OUT / "test-report.json").read_text())["reports"]
+    return found
+
+
+def test_a_second_run_takes_the_report_from_the_cache(project):
+    assert CHECKED in sim_test(project)
+    first = saved_report(project)
+    assert "cache" not in first
+    assert CACHED in sim_test(project)
+    second = saved_report(project)
+    assert second["cache"] == "hit"
+    assert second["path"] == first["path"] == "kernels.elementwise.vector_add"
+    assert second["outputs"] == first["outputs"] and second["status"] == "pass"
+
+
+def test_what_decides_a_report_is_in_its_key(project):
+    sim_test(project)
+    # another seed gives other inputs: checked again, then cached under its own key
+    assert CHECKED in sim_test(project, "--seed", "3")
+    assert CACHED in sim_test(project, "--seed", "3")
+    # the oracle runs the Python function: an edit of its file is a new report
+    source = project / "kernels" / "elementwise.py"
+    source.write_text(source.read_text() + "\n# an edit the trace does not see\n")
+    assert CHECKED in sim_test(project)
+    # a tolerance is part of the verdict
+    text = (project / "pipeline.yaml").read_text()
+    (project / "pipeline.yaml").write_text(
+        text.replace("  vector_add:\n", "  vector_add:\n    tolerance: {atol: 0.5}\n", 1)
+    )
+    assert CHECKED in sim_test(project)
+    assert CACHED in sim_test(project)
+
+
+def test_no_report_is_cached_when_the_cache_is_off(project):
+    off = {"KILN_CACHE": "0"}
+    sim_test(project, env=off)
+    assert CHECKED in sim_test(project, env=off)
+
+
+def test_a_target_that_is_not_reproducible_always_runs(project):
+    pytest.importorskip("iree.runtime", reason="the iree-cpu target needs kiln[iree]")
+    iree = "targets:\n  iree-cpu: {runner: iree, options: {device: llvm-cpu}}\n"
+    text = (project / "pipeline.yaml").read_text()
+    (project / "pipeline.yaml").write_text(text.replace("targets:\n", iree))
+    for _ in range(2):  # IREE's output is another compiler's: never taken from the cache
+        proc = run_kiln(project, "test", "vector_add", "--target", "iree-cpu")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "PASS    vector_add.small @ iree-cpu" in proc.stdout
+        assert "cached" not in proc.stdout
