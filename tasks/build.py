@@ -48,7 +48,7 @@ def compile_instances(
     if executor is not None:
         from kiln.tasks.remote_exec import close_clients, prestart
 
-        prestart(executor)
+        prestart(executor, [stage.module for stage in project.pipeline.stages])
         # actions submit to Dask and wait: doit's thread runner gives the parallelism
         argv = ["run", "-P", "thread", "-n", str(max(jobs, 4)), *names]
     try:

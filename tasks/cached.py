@@ -8,6 +8,8 @@ see made, not artifacts to share).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -17,11 +19,40 @@ from kiln import fsutil
 from kiln.cache.action import action_key, file_digest
 from kiln.cache.config import CacheConfig
 from kiln.cache.session import COMPILED, session_for
+from kiln.cache.store import sha256
 from kiln.logconfig import get_logger
 
 log = get_logger("cache")
 SIDE = "side/"  # output names of side artifacts (source maps), next to the artifact
 ROOT_PLACEHOLDER = b"<kiln-project-root>"
+
+# Files this process wrote, with their digest, valid while (size, mtime, inode) hold:
+# the next stage's key needs its input's digest, and hashing it again is wasted work.
+_written: dict[str, tuple[tuple[int, int, int], str]] = {}
+# Artifacts written from the cache ahead of their own task (the rest of a chain whose
+# first stage was fetched): path -> (action key, how, stat). That task then only checks.
+_settled: dict[str, tuple[str, str, tuple[int, int, int]]] = {}
+
+
+def _stat(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _digest(path: str) -> str:
+    known = _written.get(path)
+    if known is not None and known[0] == _stat(path):
+        return known[1]
+    return file_digest(path)
+
+
+def _remember(path: str, data: bytes) -> None:
+    stat = _stat(path)
+    if stat is not None:
+        _written[path] = (stat, sha256(data))
 
 
 def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | None = None) -> str:
@@ -35,23 +66,41 @@ def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | N
         inputs = {_rel(p, root): file_digest(p) for p in spec.get("sources", ())}
         extra = {"trace": spec["trace"]}
     else:
-        inputs = {"input": input_digest or file_digest(spec["input"])}
+        inputs = {"input": input_digest or _digest(spec["input"])}
         extra = {}
     if "build" in spec:
         build = dict(spec["build"])
         graph = build.pop("graph")
         if graph_digest is None and os.path.isfile(graph):
-            graph_digest = file_digest(graph)
+            graph_digest = _digest(graph)
         build["graph_sha256"] = graph_digest
         extra["build"] = build
     extra["stage"] = spec["stage"]
     return action_key(
         inputs=inputs,
         options=resolved_options(spec),
-        machine=spec["machine"],
+        machine=machine_digest(spec["machine"]),
         code=stage_module_info(spec["module"])[0],
         extra=extra,
     )
+
+
+_machine_digests: dict[int, tuple[object, str]] = {}
+
+
+def machine_digest(machine) -> str:
+    """sha256 of the machine model's canonical JSON, once per model object.
+
+    Every stage of every instance shares one model object: serializing it
+    for each key was most of the cost of checking a fetched artifact.
+    """
+    known = _machine_digests.get(id(machine))
+    if known is not None and known[0] is machine:
+        return known[1]
+    text = json.dumps(machine, sort_keys=True, separators=(",", ":"), default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    _machine_digests[id(machine)] = (machine, digest)  # kept alive: its id stays its own
+    return digest
 
 
 def resolved_options(spec: dict) -> dict:
@@ -71,6 +120,9 @@ def fetch_or_run(spec: dict, run) -> str:
         return COMPILED
     session = session_for(CacheConfig(**settings))
     key = stage_key(spec)
+    settled = _settled.pop(spec["artifact"], None)
+    if settled is not None and settled[0] == key and settled[2] == _stat(spec["artifact"]):
+        return settled[1]  # written from the cache by this chain's first task, unchanged since
     outputs, how = session.lookup(key)
     artifact = Path(spec["artifact"])
     if outputs is None and spec.get("executor"):
@@ -82,6 +134,7 @@ def fetch_or_run(spec: dict, run) -> str:
         write_outputs(artifact, outputs, spec["root"])
         record_outputs(spec, artifact, outputs)
         log.info("%s %s: %s from cache %s", spec["instance"], spec["stage"], how, artifact)
+        settle_rest_of_chain(spec, session, outputs)
         return how
     side = run(spec) or []
     try:
@@ -92,6 +145,42 @@ def fetch_or_run(spec: dict, run) -> str:
     except OSError as exc:  # a full or read-only cache disk costs speed, not the build
         log.warning("could not store %s in the cache: %s", artifact, exc)
     return COMPILED
+
+
+def settle_rest_of_chain(spec: dict, session, outputs: dict[str, bytes]) -> None:
+    """Write the chain's later artifacts from the cache now, while their keys follow.
+
+    Each later stage's key needs only the digest of the output before it, so
+    a clean clone (or a chain just built on Dask) walks the whole chain in
+    one task; the later tasks find their artifact settled and only check it.
+    A stage that dumps or is tuned stops the walk: its own task decides.
+    """
+    chain = spec.get("chain")
+    if not chain:
+        return
+    input_digest = sha256(outputs["artifact"])
+    graph_digest = input_digest if "trace" in spec else None
+    written: list[tuple[dict, Path, dict[str, bytes]]] = []
+    try:
+        for later in chain[spec["stage_index"] + 1 :]:
+            if later["dumps"] or "tuning" in later:
+                return
+            key = stage_key(later, input_digest=input_digest, graph_digest=graph_digest)
+            found, how = session.lookup(key)
+            if found is None:
+                return
+            artifact = Path(later["artifact"])
+            write_outputs(artifact, found, later["root"])
+            written.append((later, artifact, found))
+            log.info("%s %s: %s from cache %s", later["instance"], later["stage"], how, artifact)
+            stat = _stat(later["artifact"])
+            if stat is None:
+                return
+            _settled[later["artifact"]] = (key, how, stat)
+            input_digest = sha256(found["artifact"])
+    finally:
+        if written:  # one manifest update for the walk, before any later task checks
+            record_many(spec["root"], written)
 
 
 def portable(data: bytes, root: str) -> bytes:
@@ -107,6 +196,7 @@ def write_outputs(artifact: Path, outputs: dict[str, bytes], root: str) -> None:
     """Write a stage's artifact and its side artifacts from cached outputs, atomically."""
     fsutil.remove_stale_tmp(artifact.parent)  # left by a build killed mid-write
     fsutil.write_bytes_atomic(artifact, outputs["artifact"])
+    _remember(str(artifact), outputs["artifact"])
     for name, data in outputs.items():
         if name.startswith(SIDE):
             local = data.replace(ROOT_PLACEHOLDER, str(root).encode())
@@ -118,11 +208,22 @@ def record_outputs(spec: dict, artifact: Path, outputs: dict[str, bytes]) -> Non
 
     Without it a fetched artifact escapes the damage check and ``kiln clean``.
     """
+    record_many(spec["root"], [(spec, artifact, outputs)])
+
+
+def record_many(root: str, fetched: list[tuple[dict, Path, dict[str, bytes]]]) -> None:
+    """``record_outputs`` for several artifacts of one instance: one manifest write."""
     from kiln.tasks import manifest
 
-    manifest.forget_index(os.path.join(spec["root"], ".kiln"))
-    sides = [str(artifact.parent / n[len(SIDE) :]) for n in outputs if n.startswith(SIDE)]
-    manifest.record(str(artifact.parent), [str(artifact)], sides=sides)
+    manifest.forget_index(os.path.join(root, ".kiln"))
+    entries = [
+        (
+            str(artifact),
+            [str(artifact.parent / n[len(SIDE) :]) for n in outputs if n.startswith(SIDE)],
+        )
+        for _, artifact, outputs in fetched
+    ]
+    manifest.record_artifacts(str(fetched[0][1].parent), entries)
 
 
 def _rel(path: str, root: str) -> str:

@@ -1,17 +1,31 @@
 """The function a Dask worker runs: a kernel instance's stage chain, from bytes to bytes.
 
-Kernel sources arrive by content and are imported fresh for every task, so
-a long-lived worker never traces a kernel as it was before an edit. A
-worker whose stage code differs from the client's refuses the task.
+Kernel sources arrive by content. A worker keeps the project's modules
+imported only while the tasks it runs carry the very same sources (one
+digest over every file): a task with other bytes forgets them and imports
+its own from a directory named by their digest, so a long-lived worker never
+traces a kernel as it was before an edit, yet the instances of one build do
+not re-import (and re-compile) the kernel modules for every task. A worker
+whose stage code differs from the client's refuses the task.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib
+import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
+
+# a worker with several threads runs one chain at a time: sys.path and
+# sys.modules are the process's, and stages are pure Python (the GIL serializes them anyway)
+_chain_lock = threading.Lock()
+_sources_root: Path | None = None  # where the imported project modules' files are
+_sources_digest: str | None = None
+_sources_names: set[str] = set()
 
 
 def run_chain(payload: dict) -> dict:
@@ -23,18 +37,21 @@ def run_chain(payload: dict) -> dict:
         if mine != stage["code"]:
             theirs = stage["code"]
             return {"refused": f"stage {stage['module']}: digest {mine}, the client {theirs}"}
-    with tempfile.TemporaryDirectory(prefix="kiln-chain-") as tmp:
-        work = Path(tmp)
-        if "sources" in payload:
-            _materialize(payload["sources"], work / "src")
+    with _chain_lock, tempfile.TemporaryDirectory(prefix="kiln-chain-") as tmp:
+        root = _use_sources(payload["sources"]) if "sources" in payload else None
+        return {"outputs": _run_stages(payload, Path(tmp), root)}
+
+
+def warm_up(modules: list[str]) -> None:
+    """Import the stage modules (and numpy with them) before the first task needs them."""
+    for name in modules:
         try:
-            return {"outputs": _run_stages(payload, work)}
-        finally:
-            if "sources" in payload:
-                _forget(payload["sources"], work / "src")
+            importlib.import_module(name)
+        except Exception:  # the task that needs it reports the failure
+            pass
 
 
-def _run_stages(payload: dict, work: Path) -> list[dict[str, bytes]]:
+def _run_stages(payload: dict, work: Path, root: Path | None) -> list[dict[str, bytes]]:
     from kiln.tasks.cached import SIDE, portable
 
     from kiln.options import build_options
@@ -87,33 +104,62 @@ def _run_stages(payload: dict, work: Path) -> list[dict[str, bytes]]:
             graph_sha = hashlib.sha256(data).hexdigest()
         found = {"artifact": data}
         for name, side_data in side.items():
-            found[SIDE + name] = portable(side_data, str(work / "src"))
+            found[SIDE + name] = portable(side_data, str(root or work))
         outputs.append(found)
         previous_module = stage["module"]
     return outputs
 
 
-def _materialize(sources: dict[str, bytes], root: Path) -> None:
+def _use_sources(sources: dict[str, bytes]) -> Path:
+    """The directory holding exactly ``sources``, first on sys.path, its modules importable."""
+    global _sources_root, _sources_digest, _sources_names
+    digest = hashlib.sha256()
+    for rel in sorted(sources):
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(sources[rel]).digest())
+    wanted = digest.hexdigest()
+    if wanted == _sources_digest and _sources_root is not None:
+        return _sources_root
+    _forget_sources()
+    root = _scratch() / wanted[:16]
     for rel, content in sources.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
+    _sources_names = {Path(rel).parts[0].removesuffix(".py") for rel in sources}
+    _drop_modules(_sources_names)  # a project module the worker imported some other way
     sys.path.insert(0, str(root))
     importlib.invalidate_caches()
-    _drop_modules(sources)
+    _sources_root, _sources_digest = root, wanted
+    return root
 
 
-def _forget(sources: dict[str, bytes], root: Path) -> None:
-    _drop_modules(sources)
+def _forget_sources() -> None:
+    global _sources_root, _sources_digest
+    if _sources_root is None:
+        return
+    _drop_modules(_sources_names)
     try:
-        sys.path.remove(str(root))
+        sys.path.remove(str(_sources_root))
     except ValueError:
         pass
+    shutil.rmtree(_sources_root, ignore_errors=True)
+    _sources_root = _sources_digest = None
 
 
-def _drop_modules(sources: dict[str, bytes]) -> None:
-    """Forget the project's modules, so the next import reads this task's sources."""
-    tops = {Path(rel).parts[0].removesuffix(".py") for rel in sources}
+_scratch_dir: Path | None = None
+
+
+def _scratch() -> Path:
+    """This process's directory for source trees, removed when it exits."""
+    global _scratch_dir
+    if _scratch_dir is None:
+        _scratch_dir = Path(tempfile.mkdtemp(prefix="kiln-sources-"))
+        atexit.register(shutil.rmtree, _scratch_dir, True)
+    return _scratch_dir
+
+
+def _drop_modules(tops: set[str]) -> None:
+    """Forget the project's modules, so the next import reads the current sources."""
     for name in list(sys.modules):
         if name.split(".")[0] in tops:
             del sys.modules[name]

@@ -148,8 +148,9 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 spec["input_module"] = previous_module
                 file_dep = [previous, stamps.path(stage.name, parts)]
             chain.append(spec)
-            if executor is not None:
-                spec["chain"] = chain  # the stages from this one on run as one remote task
+            # the stages from this one on: one remote task on Dask, and one walk through
+            # the cache when this stage's outputs are fetched (tasks/cached.py)
+            spec["chain"] = chain
             if tuning is not None and stage.name in TUNED_STAGES:
                 spec["tuning"] = tuning  # looked up in the action: see kiln/tune/apply.py
                 file_dep.append(tuning_file)

@@ -251,7 +251,7 @@ def _arguments(fn, args: tuple, kwargs: dict) -> tuple[dict, dict]:
             value = np.asarray(value)
         elif kind is not None:
             value = np.asarray(value, dtype=NUMPY_DTYPES[kd.SCALAR_DEFAULT[kind]])
-        dtype = kd.EAGER_INPUTS.get(value.dtype) if isinstance(value, np.ndarray) else None
+        dtype = kd.eager_input_dtype(value.dtype) if isinstance(value, np.ndarray) else None
         if dtype is None:
             raise TraceError(
                 f"argument {name!r} of kernel {fn.__name__!r} must be a numpy array of a kernel "

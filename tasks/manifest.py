@@ -86,6 +86,20 @@ def record(directory: str, paths: list[str], sides: list[str] = ()) -> None:
     """
     doc = read_doc(directory)
     files, side_map = doc.get("files", {}), doc.get("sides", {})
+    _add(directory, files, side_map, paths, sides)
+    write(directory, files, side_map)
+
+
+def record_artifacts(directory: str, entries: list[tuple[str, list[str]]]) -> None:
+    """``record`` for several (artifact, its side files) at once: one read, one write."""
+    doc = read_doc(directory)
+    files, side_map = doc.get("files", {}), doc.get("sides", {})
+    for artifact, sides in entries:
+        _add(directory, files, side_map, [artifact], sides)
+    write(directory, files, side_map)
+
+
+def _add(directory: str, files: dict, side_map: dict, paths: list[str], sides) -> None:
     for path in paths:
         for file in written_files(path):
             st = os.stat(file)
@@ -95,7 +109,6 @@ def record(directory: str, paths: list[str], sides: list[str] = ()) -> None:
         side_map[os.path.relpath(paths[0], directory)] = sorted(
             os.path.relpath(side, directory) for side in sides
         )
-    write(directory, files, side_map)
 
 
 INDEX = "manifests.json"  # in the state dir: every instance's manifest, in one file

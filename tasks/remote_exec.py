@@ -68,16 +68,33 @@ def dask_client(executor: dict):
         return client
 
 
-def prestart(executor: dict) -> None:
-    """Start the client (and a LocalCluster) while doit loads tasks; errors resurface later."""
+def prestart(executor: dict, stage_modules: list[str]) -> None:
+    """Start the client (and a LocalCluster) while doit loads tasks; errors resurface later.
+
+    The workers import the stages (numpy with them: about a second) meanwhile
+    too, so the first chains do not wait for it.
+    """
 
     def start():
         try:
-            dask_client(executor)
+            client = dask_client(executor)
+            if client is not None:
+                warm_workers(client, stage_modules)
         except Exception:  # the first action that needs the client reports it
             pass
 
     threading.Thread(target=start, name="kiln-dask-start", daemon=True).start()
+
+
+def warm_workers(client, stage_modules: list[str]) -> None:
+    """One task per worker importing the stages; it runs ahead of the first chains."""
+    from distributed import fire_and_forget
+    from kiln.tasks.chain_worker import warm_up
+
+    for address in client.scheduler_info().get("workers", {}):
+        fire_and_forget(
+            client.submit(warm_up, stage_modules, workers=[address], pure=False, priority=10)
+        )
 
 
 def close_clients() -> None:

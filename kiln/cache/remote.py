@@ -10,6 +10,7 @@ the key, and never used.
 from __future__ import annotations
 
 import os
+import queue
 import secrets
 import sys
 import threading
@@ -88,6 +89,50 @@ def claim(path: str) -> bool:
         return True
 
 
+class DeadlineCaller:
+    """Runs calls on one long-lived daemon thread and waits for each at most a deadline.
+
+    A backend stuck past the deadline (a dead NFS server) keeps that thread,
+    which is abandoned and cannot hold up the exit; the next call gets a new one.
+    """
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue | None = None
+
+    def call(self, fn, args: tuple, timeout: float) -> dict | None:
+        """{"value": ...} or {"error": exc}; None when no answer came in time.
+
+        One caller per calling thread: calls through it never overlap.
+        """
+        done = threading.Event()
+        outcome: dict = {}
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(
+                target=_serve, args=(self._jobs,), name="kiln-remote-cache", daemon=True
+            ).start()
+        jobs = self._jobs
+        jobs.put((fn, args, outcome, done))
+        if not done.wait(timeout):
+            self._jobs = None  # that thread is stuck: leave it behind
+            jobs.put(None)  # and let it end if it ever comes back
+            return None
+        return outcome
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        fn, args, outcome, done = job
+        try:
+            outcome["value"] = fn(*args)
+        except BaseException as exc:  # handed to the caller
+            outcome["error"] = exc
+        done.set()
+
+
 class RemoteStore:
     """Blobs and action entries at an fsspec URL, behind a deadline and a circuit breaker."""
 
@@ -104,6 +149,7 @@ class RemoteStore:
         self.fetched_bytes = 0
         self.uploaded_bytes = 0
         self._lock = threading.Lock()
+        self._callers = threading.local()  # one serving thread per calling thread
 
     def _call(self, what: str, fn, *args):
         """fn(*args) within the deadline; on any failure trip the breaker and return None.
@@ -116,18 +162,11 @@ class RemoteStore:
         if self.breaker is not None and os.path.exists(self.breaker):
             self.broken = True  # another process of this build found the remote down
             return None
-        outcome: dict = {}
-
-        def target():
-            try:
-                outcome["value"] = fn(*args)
-            except BaseException as exc:  # handed to the caller below
-                outcome["error"] = exc
-
-        worker = threading.Thread(target=target, name="kiln-remote-cache", daemon=True)
-        worker.start()
-        worker.join(self.timeout)
-        if worker.is_alive():
+        caller = getattr(self._callers, "caller", None)
+        if caller is None:
+            caller = self._callers.caller = DeadlineCaller()
+        outcome = caller.call(fn, args, self.timeout)
+        if outcome is None:
             self._trip(f"no answer within {self.timeout:g} s while {what}")
             return None
         error = outcome.get("error")

@@ -9,26 +9,69 @@ result is rounded to the node's dtype once.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
-import ml_dtypes
 import numpy as np
 
 from kiln.ir.graph import Graph, TensorType
 
-NUMPY_DTYPES: dict[str, np.dtype] = {
-    "f32": np.dtype(np.float32),
-    "f16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
-    "i32": np.dtype(np.int32),
-    "bool": np.dtype(np.bool_),
-}
-_KILN_DTYPES = {v: k for k, v in NUMPY_DTYPES.items()}
+
+class NumpyDtypes(Mapping):
+    """Kiln dtype name -> numpy dtype; bf16's comes from ml_dtypes, imported on first use.
+
+    Some ml_dtypes releases take about a second to import: a build of f32
+    kernels, and every worker process of a parallel or distributed build,
+    would pay it for a dtype it never meets.
+    """
+
+    NAMES = ("f32", "f16", "bf16", "i32", "bool")
+
+    def __init__(self):
+        self._known = {
+            "f32": np.dtype(np.float32),
+            "f16": np.dtype(np.float16),
+            "i32": np.dtype(np.int32),
+            "bool": np.dtype(np.bool_),
+        }
+
+    def __getitem__(self, name: str) -> np.dtype:
+        if name == "bf16" and name not in self._known:
+            import ml_dtypes
+
+            self._known[name] = np.dtype(ml_dtypes.bfloat16)
+        return self._known[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.NAMES)
+
+    def __len__(self) -> int:
+        return len(self.NAMES)
+
+    def name_of(self, dtype) -> str | None:
+        """The Kiln name of a numpy dtype, or None; never imports ml_dtypes itself.
+
+        A bfloat16 array can only exist once ml_dtypes is imported, so bf16 is
+        looked for only then.
+        """
+        dtype = np.dtype(dtype)
+        for name, known in self._known.items():
+            if known == dtype:
+                return name
+        if "ml_dtypes" in sys.modules and dtype == self["bf16"]:
+            return "bf16"
+        return None
+
+
+NUMPY_DTYPES = NumpyDtypes()
 
 
 def kiln_dtype(dtype: np.dtype) -> str:
     """The Kiln dtype name of a numpy dtype; raises KeyError for unsupported ones."""
-    return _KILN_DTYPES[np.dtype(dtype)]
+    name = NUMPY_DTYPES.name_of(dtype)
+    if name is None:
+        raise KeyError(np.dtype(dtype))
+    return name
 
 
 def _wide(x: np.ndarray) -> np.ndarray:

@@ -189,7 +189,7 @@ def _eager_tensor(kernel: DeviceFunction, name: str, value: Any) -> Tensor:
             f"argument {name!r} of kernel {kernel.__name__!r} must be a numpy array or a "
             f"number, got {type(value).__name__}"
         )
-    dtype = dtypes.EAGER_INPUTS.get(value.dtype)
+    dtype = dtypes.eager_input_dtype(value.dtype)
     if dtype is None:
         raise TraceError(
             f"argument {name!r} of kernel {kernel.__name__!r} has unsupported dtype {value.dtype}",

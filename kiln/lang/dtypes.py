@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from kiln.errors import TraceError
@@ -87,11 +86,15 @@ ARITHMETIC = {"bool": "i32"}
 NEEDS_FLOAT = {"bool": "f32", "i32": "f32"}
 
 # numpy dtypes accepted from eager callers, and the kernel dtype they become.
-EAGER_INPUTS: dict[np.dtype, str] = {
-    **{v: k for k, v in NUMPY_DTYPES.items()},
+WIDE_EAGER_INPUTS: dict[np.dtype, str] = {
     np.dtype(np.float64): "f32",  # numpy's default float
     np.dtype(np.int64): "i32",  # numpy's default int
 }
+
+
+def eager_input_dtype(dtype: np.dtype) -> str | None:
+    """The kernel dtype an eager caller's array of ``dtype`` becomes, or None."""
+    return NUMPY_DTYPES.name_of(dtype) or WIDE_EAGER_INPUTS.get(np.dtype(dtype))
 
 
 def promote(a: str, b: str) -> str:
@@ -137,7 +140,7 @@ def normalize(dtype: Any, *, allow_bool: bool = True) -> str:
         except TypeError:
             np_dtype = None
         if np_dtype is not None:
-            name = {v: k for k, v in NUMPY_DTYPES.items()}.get(np_dtype)
+            name = NUMPY_DTYPES.name_of(np_dtype)
     if name is None or (name == "bool" and not allow_bool):
         allowed = ALL_DTYPES if allow_bool else KERNEL_DTYPES
         raise TraceError(
@@ -151,6 +154,4 @@ def normalize(dtype: Any, *, allow_bool: bool = True) -> str:
 def _show(dtype: Any) -> str:
     if isinstance(dtype, str):
         return repr(dtype)
-    if dtype is ml_dtypes.bfloat16:
-        return "bfloat16"
     return getattr(dtype, "__name__", None) or str(dtype)
