@@ -13,7 +13,7 @@ Side by side, in one run, on a generated project of gemm kernels (a cold
   build; targets: 0 compiled, wall time at most 3x the no-op;
 - bytes uploaded and fetched, and the clone's hit rate.
 
-    python benchmarks/scale_out.py [--kernels 64] [--size 192] [--quick]
+    python benchmarks/scale_out.py [--kernels 256] [--size 192] [--quick]
 
 Each judged figure is printed with ``met`` or ``MISSED``, then ``targets: N
 met, M missed``; the exit status is 1 when a target is missed, 2 when a
@@ -148,7 +148,7 @@ def external_cluster(project: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kernels", type=int, default=64)
+    parser.add_argument("--kernels", type=int, default=256)
     parser.add_argument("--size", type=int, default=192, help="gemm M = K = N")
     parser.add_argument("--quick", action="store_true", help="4 small kernels; judge nothing")
     args = parser.parse_args(argv)
