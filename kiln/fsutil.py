@@ -21,9 +21,13 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
             return False
     except (FileNotFoundError, NotADirectoryError):
         pass
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        fd = os.open(tmp, flags, 0o666)  # umask applies
+    except FileNotFoundError:  # the directory is new: made only then, not probed every write
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
