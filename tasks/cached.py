@@ -128,13 +128,16 @@ def fetch_or_run(spec: dict, run) -> str:
     if outputs is None and spec.get("executor"):
         from kiln.tasks.remote_exec import run_chain_remotely
 
-        run_chain_remotely(spec, session)
-        outputs, how = session.lookup(key)
+        produced = run_chain_remotely(spec, session)
+        if key in produced:
+            outputs, how = produced[key], COMPILED
+    else:
+        produced = {}
     if outputs is not None:
         write_outputs(artifact, outputs, spec["root"])
         record_outputs(spec, artifact, outputs)
         log.info("%s %s: %s from cache %s", spec["instance"], spec["stage"], how, artifact)
-        settle_rest_of_chain(spec, session, outputs)
+        settle_rest_of_chain(spec, session, outputs, produced)
         return how
     side = run(spec) or []
     try:
@@ -147,13 +150,16 @@ def fetch_or_run(spec: dict, run) -> str:
     return COMPILED
 
 
-def settle_rest_of_chain(spec: dict, session, outputs: dict[str, bytes]) -> None:
+def settle_rest_of_chain(
+    spec: dict, session, outputs: dict[str, bytes], produced: dict | None = None
+) -> None:
     """Write the chain's later artifacts from the cache now, while their keys follow.
 
     Each later stage's key needs only the digest of the output before it, so
     a clean clone (or a chain just built on Dask) walks the whole chain in
     one task; the later tasks find their artifact settled and only check it.
     A stage that dumps or is tuned stops the walk: its own task decides.
+    ``produced``: outputs a remote executor just built, by key (already stored).
     """
     chain = spec.get("chain")
     if not chain:
@@ -166,7 +172,10 @@ def settle_rest_of_chain(spec: dict, session, outputs: dict[str, bytes]) -> None
             if later["dumps"] or "tuning" in later:
                 return
             key = stage_key(later, input_digest=input_digest, graph_digest=graph_digest)
-            found, how = session.lookup(key)
+            if produced and key in produced:
+                found, how = produced[key], COMPILED
+            else:
+                found, how = session.lookup(key)
             if found is None:
                 return
             artifact = Path(later["artifact"])

@@ -151,12 +151,16 @@ def chain_payload(spec: dict) -> tuple[dict, list[dict]]:
     return payload, chain
 
 
-def run_chain_remotely(spec: dict, session) -> None:
-    """Run the chain from ``spec`` on Dask and store every stage's output in ``session``."""
+def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
+    """Run the chain from ``spec`` on Dask and store every stage's output in ``session``.
+
+    Returns the outputs by action key, so the caller writes them without
+    reading them back from the store; empty when the chain was not built there.
+    """
     payload, chain = chain_payload(spec)
     client = dask_client(spec["executor"])
     if client is None:
-        return
+        return {}
     from kiln.tasks.chain_worker import run_chain
 
     future = client.submit(run_chain, payload, pure=False, retries=1)
@@ -166,7 +170,7 @@ def run_chain_remotely(spec: dict, session) -> None:
         from kiln.cache.remote import warn
 
         warn(f"Dask could not build {spec['instance']} ({type(exc).__name__}: {exc}); built here")
-        return
+        return {}
     if "refused" in result:
         raise KilnError(
             f"a Dask worker runs different Kiln code: {result['refused']}",
@@ -177,11 +181,14 @@ def run_chain_remotely(spec: dict, session) -> None:
     if "trace" in spec and outputs:
         graph_digest = sha256(outputs[0]["artifact"])
     input_digest = None
+    produced = {}
     for stage_spec, found in zip(chain, outputs, strict=False):
         key = stage_key(stage_spec, input_digest=input_digest, graph_digest=graph_digest)
         session.store(key, found)
         session.produced.add(key)
+        produced[key] = found
         input_digest = sha256(found["artifact"])
+    return produced
 
 
 def kiln_code_digest(modules: list[str]) -> str:
