@@ -167,29 +167,33 @@ def settle_rest_of_chain(
     input_digest = sha256(outputs["artifact"])
     graph_digest = input_digest if "trace" in spec else None
     written: list[tuple[dict, Path, dict[str, bytes]]] = []
+    settled: dict[str, tuple[str, str, tuple[int, int, int]]] = {}
     try:
         for later in chain[spec["stage_index"] + 1 :]:
             if later["dumps"] or "tuning" in later:
-                return
+                break
             key = stage_key(later, input_digest=input_digest, graph_digest=graph_digest)
             if produced and key in produced:
                 found, how = produced[key], COMPILED
             else:
                 found, how = session.lookup(key)
             if found is None:
-                return
+                break
             artifact = Path(later["artifact"])
             write_outputs(artifact, found, later["root"])
             written.append((later, artifact, found))
             log.info("%s %s: %s from cache %s", later["instance"], later["stage"], how, artifact)
             stat = _stat(later["artifact"])
             if stat is None:
-                return
-            _settled[later["artifact"]] = (key, how, stat)
+                break
+            settled[later["artifact"]] = (key, how, stat)
             input_digest = sha256(found["artifact"])
-    finally:
         if written:  # one manifest update for the walk, before any later task checks
             record_many(spec["root"], written)
+    except OSError as exc:  # the walk only saves time: its stages' own tasks do the work
+        log.warning("could not write ahead from the cache after %s: %s", spec["artifact"], exc)
+        return
+    _settled.update(settled)  # only once the manifest lists them
 
 
 def portable(data: bytes, root: str) -> bytes:

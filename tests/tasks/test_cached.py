@@ -58,3 +58,70 @@ def test_stage_key_follows_the_input_bytes_not_its_path(tmp_path):
     (tmp_path / "b").write_bytes(b"other bytes")
     assert key != stage_key(dict(spec, input=str(tmp_path / "b")))
     assert key != stage_key(dict(spec, options={"tile": 8}))
+
+
+def chain_specs(base, config) -> list[dict]:
+    """Two stages of one instance, lir then schedule, chained as compile_tasks chains them."""
+    common = {"root": str(base), "instance": "k.small", "options": {}, "machine": {"sram": 1}}
+    common.update(dumps=[], cache=config.to_dict())
+    lir = dict(common, stage="lir", stage_index=0, module="kiln.stages.lir")
+    lir.update(input=str(base / "kernel.visa"), artifact=str(base / "out" / "kernel.lir"))
+    sched = dict(common, stage="schedule", stage_index=1, module="kiln.stages.schedule")
+    sched.update(input=lir["artifact"], artifact=str(base / "out" / "kernel.sched"))
+    chain = [lir, sched]
+    for spec in chain:
+        spec["chain"] = chain
+    return chain
+
+
+def test_a_fetched_stage_writes_the_rest_of_its_chain_and_lists_it(tmp_path):
+    from kiln.tasks import manifest
+    from kiln.tasks.cached import fetch_or_run, stage_key
+
+    from kiln.cache.config import CacheConfig
+    from kiln.cache.store import LocalStore
+
+    (tmp_path / "kernel.visa").write_bytes(b"visa text")
+    config = CacheConfig(local_dir=str(tmp_path / "store"))
+    lir, sched = chain_specs(tmp_path, config)
+    store = LocalStore(config.local_dir)
+    store.store(stage_key(lir), {"artifact": b"lir bytes"})
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "kernel.lir").write_bytes(b"lir bytes")  # to key the next stage
+    store.store(stage_key(sched), {"artifact": b"sched bytes"})
+    (tmp_path / "out" / "kernel.lir").unlink()
+
+    def must_not_run(spec):
+        raise AssertionError(f"{spec['stage']} ran although the store has it")
+
+    assert fetch_or_run(lir, must_not_run) == "hit"
+    # the walk wrote the schedule ahead, and the manifest lists both for the damage check
+    assert (tmp_path / "out" / "kernel.sched").read_bytes() == b"sched bytes"
+    assert set(manifest.read(str(tmp_path / "out"))) == {"kernel.lir", "kernel.sched"}
+    # its own task only checks it: the store is not even asked
+    for path in (tmp_path / "store").rglob("*"):
+        if path.is_file():
+            path.unlink()
+    assert fetch_or_run(sched, must_not_run) == "hit"
+
+
+def test_an_artifact_changed_after_the_walk_is_not_taken_on_trust(tmp_path):
+    from kiln.tasks.cached import fetch_or_run, stage_key
+
+    from kiln.cache.config import CacheConfig
+    from kiln.cache.store import LocalStore
+
+    (tmp_path / "kernel.visa").write_bytes(b"visa text")
+    config = CacheConfig(local_dir=str(tmp_path / "store"))
+    lir, sched = chain_specs(tmp_path, config)
+    store = LocalStore(config.local_dir)
+    store.store(stage_key(lir), {"artifact": b"lir bytes"})
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "kernel.lir").write_bytes(b"lir bytes")
+    store.store(stage_key(sched), {"artifact": b"sched bytes"})
+    fetch_or_run(lir, lambda spec: None)
+    (tmp_path / "out" / "kernel.sched").write_bytes(b"edited by hand!")
+    ran = []
+    fetch_or_run(sched, lambda spec: ran.append(spec["stage"]))
+    # looked up again: the store still has it, so the right bytes come back
+    assert ran == [] and (tmp_path / "out" / "kernel.sched").read_bytes() == b"sched bytes"
