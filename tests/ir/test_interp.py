@@ -1,0 +1,46 @@
+"""Kiln dtype names and numpy dtypes, with ml_dtypes imported only when bf16 is met."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from kiln.ir.interp import NUMPY_DTYPES, kiln_dtype
+
+
+def test_every_name_maps_both_ways():
+    assert list(NUMPY_DTYPES) == ["f32", "f16", "bf16", "i32", "bool"]
+    for name, dtype in NUMPY_DTYPES.items():
+        assert kiln_dtype(dtype) == name
+    assert NUMPY_DTYPES["bf16"].name == "bfloat16"
+    with pytest.raises(KeyError):
+        kiln_dtype(np.float64)
+    with pytest.raises(KeyError):
+        NUMPY_DTYPES["f64"]
+
+
+def test_f32_work_never_imports_ml_dtypes_and_bf16_still_works():
+    script = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        import kiln.stages.trace, kiln.stages.visa, kiln.stages.lir
+        import kiln.stages.schedule, kiln.stages.edf
+        from kiln.inputs import random_inputs
+        from kiln.ir.interp import kiln_dtype
+        from kiln.lang.dtypes import eager_input_dtype, normalize
+
+        (a,) = random_inputs("k", [((4,), "f32")])
+        assert kiln_dtype(a.dtype) == "f32" and normalize("float32") == "f32"
+        assert eager_input_dtype(np.dtype(np.float64)) == "f32"
+        assert "ml_dtypes" not in sys.modules, "imported for f32 work"
+        (b,) = random_inputs("k", [((4,), "bf16")])
+        assert kiln_dtype(b.dtype) == "bf16" and eager_input_dtype(b.dtype) == "bf16"
+        assert normalize(b.dtype) == "bf16"
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True)
