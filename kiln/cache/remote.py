@@ -206,9 +206,13 @@ class RemoteStore:
         if outputs is None:
             self._bad_object(key, "not a Kiln action entry")
             return None
+        paths = [self._path("cas", digest) for digest in outputs.values()]
+        blobs = self._call(f"reading the outputs of {key}", self._read_blobs, paths)
+        if blobs is None:
+            return None
         found = {}
         for name, digest in outputs.items():
-            data = self._call(f"reading blob {digest}", self.fs.cat_file, self._path("cas", digest))
+            data = blobs.get(digest)
             if data is None:
                 if not self.broken:
                     self._bad_object(key, f"missing its output {name!r}")
@@ -219,6 +223,28 @@ class RemoteStore:
             self.fetched_bytes += len(data)
             found[name] = data
         return found
+
+    def _read_blobs(self, paths: list[str]) -> dict[str, bytes | None]:
+        """digest -> bytes of every blob, in one call (concurrent on async backends).
+
+        Keyed by the file name, the digest: backends may normalize the paths
+        they return. A missing blob is absent or None.
+        """
+        if len(paths) == 1:
+            try:
+                found = {paths[0]: self.fs.cat_file(paths[0])}
+            except FileNotFoundError:
+                return {}
+        else:
+            found = self.fs.cat(paths, on_error="return")
+        blobs = {}
+        for path, data in found.items():
+            if isinstance(data, FileNotFoundError):
+                continue
+            if isinstance(data, BaseException):
+                raise data
+            blobs[path.rstrip("/").rsplit("/", 1)[-1]] = data
+        return blobs
 
     def store(self, key: str, outputs: dict[str, bytes], digests: dict[str, str]) -> None:
         """Upload the outputs, then the entry naming them: no reader sees a dangling entry."""
