@@ -184,18 +184,16 @@ def test_targets_benchmark_quick_smoke(tmp_path):
         env=env,
         timeout=300,
     )
-    # quick sizes often miss their targets: exit 1 then, never a traceback or another status
-    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    # quick sizes measure fixed costs: every figure is printed, none is judged
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     out = proc.stdout
-    summary = re.fullmatch(r"targets: (\d+) met, (\d+) missed.*", out.rstrip().splitlines()[-1])
-    assert summary, out
-    assert proc.returncode == (1 if int(summary[2]) else 0), out
+    assert re.fullmatch(r"targets: 0 met, 0 missed, \d+ not judged", out.rstrip().splitlines()[-1])
     for name in ("gemm 64^3", "softmax 64x128", "layernorm 64x128"):
         line = next(
             x for x in out.splitlines() if x.startswith(f"iree-cpu {name}") and "target" in x
         )
         if HAS_IREE:
-            assert " ms vs " in line and ("met" in line or "MISSED" in line)
+            assert " ms vs " in line and line.endswith("not judged"), line
         else:
             assert "unavailable" in line and "not judged" in line
     assert "target <= 1.5x numpy" in out and "target < 1x numpy (faster)" in out
