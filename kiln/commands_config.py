@@ -9,6 +9,7 @@ origins as comments; ``--json`` gives ``{"file", "pipeline", "origins"}``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -24,6 +25,22 @@ COMMENT_COLUMN = 44
 LINE_WIDTH = 100  # a value longer than this on one line is written as a block
 
 
+# Environment variables that change what a build does, and the setting each one wins over.
+ENVIRONMENT_OVERRIDES = {
+    "KILN_OUT_DIR": "out_dir",
+    "KILN_CACHE": "cache (0 turns the artifact cache off)",
+    "KILN_CACHE_DIR": "the local store and IREE's vmfbs (default ~/.cache/kiln)",
+    "KILN_REMOTE_CACHE": "cache.remote",
+    "KILN_REMOTE_UPLOAD": "cache.upload",
+    "KILN_EXECUTOR": "executor.kind",
+    "KILN_SCHEDULER": "executor.address",
+    "KILN_JOBS": "the number of Dask workers Kiln starts",
+    "KILN_PIPELINE_FILE": "which pipeline.yaml is used",
+    "KILN_PIPELINE": "which pipeline.yaml is used",
+    "KILN_MP_START": "how -n starts its worker processes",
+}
+
+
 def cmd_config(args: Any) -> int:
     """Print the resolved pipeline of the current project with each entry's origin."""
     from kiln.tasks.project import Project
@@ -31,12 +48,38 @@ def cmd_config(args: Any) -> int:
     pipeline = Project.find().pipeline
     data = resolved_data(pipeline)
     origins = entry_origins(pipeline, data)
+    environment = environment_overrides()
     if getattr(args, "json", False):
-        record = {"file": str(pipeline.path), "pipeline": data, "origins": origins}
+        record = {
+            "file": str(pipeline.path),
+            "pipeline": data,
+            "origins": origins,
+            "environment": environment,
+        }
         print(json.dumps(record, indent=2))
     else:
         sys.stdout.write(render_yaml(pipeline, data, origins))
+        sys.stdout.write(render_environment(environment))
     return 0
+
+
+def environment_overrides() -> dict[str, dict[str, str]]:
+    """The set KILN_* variables that change the build: name -> {value, overrides}."""
+    return {
+        name: {"value": os.environ[name], "overrides": what}
+        for name, what in ENVIRONMENT_OVERRIDES.items()
+        if name in os.environ
+    }
+
+
+def render_environment(environment: dict[str, dict[str, str]]) -> str:
+    """YAML comments: the values above that the environment replaces for this run."""
+    if not environment:
+        return "# no KILN_* environment variable overrides this file\n"
+    lines = ["# the environment overrides (these win over the values above):"]
+    for name, found in environment.items():
+        lines.append(f"#   {name}={found['value']}  -> {found['overrides']}")
+    return "\n".join(lines) + "\n"
 
 
 def resolved_data(pipeline: Pipeline) -> dict[str, Any]:

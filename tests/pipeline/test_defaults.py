@@ -375,3 +375,24 @@ def test_config_follows_a_cache_hit(minimal: Path, monkeypatch: pytest.MonkeyPat
     first = config(minimal, monkeypatch, capsys, as_json=True)
     assert list((minimal / ".kiln").glob("pipeline-*.pickle"))
     assert config(minimal, monkeypatch, capsys, as_json=True) == first
+
+
+def test_config_says_which_environment_variables_override_the_file(
+    minimal: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from kiln.commands_config import ENVIRONMENT_OVERRIDES
+
+    for name in ENVIRONMENT_OVERRIDES:
+        monkeypatch.delenv(name, raising=False)
+    text = config(minimal, monkeypatch, capsys, as_json=False)
+    assert text.rstrip().endswith("# no KILN_* environment variable overrides this file")
+    monkeypatch.setenv("KILN_REMOTE_CACHE", "file:///mnt/team-cache")
+    monkeypatch.setenv("KILN_OUT_DIR", "out-ci")
+    record = config(minimal, monkeypatch, capsys, as_json=True)
+    assert record["environment"] == {
+        "KILN_OUT_DIR": {"value": "out-ci", "overrides": "out_dir"},
+        "KILN_REMOTE_CACHE": {"value": "file:///mnt/team-cache", "overrides": "cache.remote"},
+    }
+    text = config(minimal, monkeypatch, capsys, as_json=False)
+    assert "#   KILN_REMOTE_CACHE=file:///mnt/team-cache  -> cache.remote" in text.splitlines()
+    assert yaml.safe_load(text) == record["pipeline"]  # the overrides are comments
