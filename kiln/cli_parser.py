@@ -301,6 +301,7 @@ def _add_check_commands(sub) -> None:
     )
     _seed(u, "the random proposals")
     u.add_argument("-n", "--process", type=int, default=0, metavar="N", help="parallel trials")
+    add_executor_flags(u)
     u.add_argument("--force", action="store_true", help="tune again even if a record is current")
     u.add_argument("--show", action="store_true", help="print the records instead of tuning")
 

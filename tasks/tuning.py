@@ -152,6 +152,7 @@ def _tune_instance(project, inst, graph, key: TuningKey, args):
         jobs=args.process or 1,
         label=inst.name,
         on_trial=progress.update,
+        client=tuning_client(project),
     )
     interrupted = False
     try:
@@ -193,6 +194,31 @@ def _tune_instance(project, inst, graph, key: TuningKey, args):
         budget=args.budget,
     )
     return record, interrupted
+
+
+def tuning_client(project: Project):
+    """The Dask client trials are priced on (pipeline.yaml ``executor:`` or --executor),
+    or None to price them here; workers running other Kiln code are refused."""
+    from kiln.tasks.executor import resolve_executor
+
+    executor = resolve_executor(project.pipeline.executor, project.root)
+    if executor is None:
+        return None
+    from kiln.tasks.remote_exec import dask_client, kiln_code_digest
+
+    client = dask_client(executor)
+    if client is None:
+        return None
+    modules = [stage.module for stage in project.pipeline.stages]
+    mine = kiln_code_digest(modules)
+    theirs = client.run(kiln_code_digest, modules)
+    stale = sorted(worker for worker, digest in theirs.items() if digest != mine)
+    if stale:
+        raise KilnError(
+            f"Dask workers run different Kiln code: {', '.join(stale)}",
+            hint="install the same Kiln version on the workers (or restart them after an upgrade)",
+        )
+    return client
 
 
 def verify_candidate(project: Project, inst: KernelInstance, graph, chosen: dict) -> str | None:

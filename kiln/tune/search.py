@@ -21,6 +21,27 @@ STRATEGIES = ("grid", "random", "evolutionary")
 BATCH = 32
 
 
+class DaskPricer:
+    """``pool.map`` over a Dask cluster: one task per trial, results in proposal order."""
+
+    def __init__(self, client, context_future):
+        self.client, self.context = client, context_future
+        self.pending: list = []
+
+    def map(self, _fn, batch: list[Candidate], chosen: list[dict]) -> list[Trial]:
+        n = len(batch)
+        self.pending = self.client.map(
+            run_trial, [self.context] * n, batch, chosen, pure=False, retries=1
+        )
+        results = self.client.gather(self.pending)  # Ctrl-C here: shutdown cancels them
+        self.pending = []
+        return results
+
+    def shutdown(self, wait: bool = False, cancel_futures: bool = True) -> None:
+        if self.pending and cancel_futures:  # Ctrl-C: nothing keeps running on the cluster
+            self.client.cancel(self.pending)
+
+
 class Search:
     """One kernel instance's search: propose, price, remember the best."""
 
@@ -34,9 +55,11 @@ class Search:
         jobs: int = 1,
         label: str = "",
         on_trial: Callable[[Trial, Trial | None], None] | None = None,
+        client=None,
     ):
         self.context, self.knobs, self.budget = context, knobs, max(1, budget)
         self.strategy, self.jobs = strategy, max(1, jobs)
+        self.client = client  # a dask.distributed Client: trials are priced on its workers
         # a string seed hashes the same under every PYTHONHASHSEED
         self.rng = random.Random(f"{seed}:{strategy}:{label}")
         self.on_trial = on_trial
@@ -70,7 +93,10 @@ class Search:
             "evolutionary": self._evolutionary,
         }[self.strategy]()
         pool = None
-        if self.jobs > 1:
+        if self.client is not None:
+            # the context (the traced graph) goes to every worker once, not with each trial
+            pool = DaskPricer(self.client, self.client.scatter(self.context, broadcast=True))
+        elif self.jobs > 1:
             pool = ProcessPoolExecutor(self.jobs, initializer=init_worker, initargs=(self.context,))
         try:
             while len(self.trials) < self.budget:
@@ -85,7 +111,7 @@ class Search:
                 pool.shutdown(wait=False, cancel_futures=True)
         return self.trials
 
-    def _price(self, batch: list[Candidate], pool: ProcessPoolExecutor | None) -> None:
+    def _price(self, batch: list[Candidate], pool) -> None:
         chosen = [settings(self.knobs, c) for c in batch]
         if pool is None:
             results: Iterator[Trial] = map(run_trial, [self.context] * len(batch), batch, chosen)

@@ -95,3 +95,18 @@ def test_ctrl_c_keeps_the_records_found_so_far(project):
     kept = records(project)
     assert "vector_add.small" in kept
     assert all(r["tuned_cycles"] <= r["default_cycles"] for r in kept.values())
+
+
+def test_trials_priced_on_a_dask_cluster_give_the_same_record(project, tmp_path_factory):
+    import shutil
+
+    import pytest
+
+    pytest.importorskip("distributed", reason="the dask executor needs kiln[distributed]")
+    other = tmp_path_factory.mktemp("tune") / "on-dask"
+    shutil.copytree(project, other)
+    args = ("tune", "gemm", "--shapes", "small", "--budget", "40", "--seed", "3", "-n", "2")
+    run_kiln(project, *args, check=True)
+    priced = run_kiln(other, *args, "--executor", "dask", check=True)
+    assert "40 trials" in priced.stdout
+    assert (other / "tuning.jsonl").read_text() == (project / "tuning.jsonl").read_text()
