@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -162,7 +163,9 @@ def settle_rest_of_chain(
     ``produced``: outputs a remote executor just built, by key (already stored).
     """
     chain = spec.get("chain")
-    if not chain:
+    if not chain or multiprocessing.parent_process() is not None:
+        # in a worker of `-n N` the later tasks may run in another worker, which
+        # would find nothing settled and write everything again
         return
     input_digest = sha256(outputs["artifact"])
     graph_digest = input_digest if "trace" in spec else None
