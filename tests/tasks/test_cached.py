@@ -74,22 +74,30 @@ def chain_specs(base, config) -> list[dict]:
     return chain
 
 
-def test_a_fetched_stage_writes_the_rest_of_its_chain_and_lists_it(tmp_path):
-    from kiln.tasks import manifest
-    from kiln.tasks.cached import fetch_or_run, stage_key
+def stored_chain(base) -> list[dict]:
+    """chain_specs with both stages' outputs in the local store and nothing built yet."""
+    from kiln.tasks.cached import stage_key
 
     from kiln.cache.config import CacheConfig
     from kiln.cache.store import LocalStore
 
-    (tmp_path / "kernel.visa").write_bytes(b"visa text")
-    config = CacheConfig(local_dir=str(tmp_path / "store"))
-    lir, sched = chain_specs(tmp_path, config)
+    (base / "kernel.visa").write_bytes(b"visa text")
+    config = CacheConfig(local_dir=str(base / "store"))
+    lir, sched = chain_specs(base, config)
     store = LocalStore(config.local_dir)
     store.store(stage_key(lir), {"artifact": b"lir bytes"})
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "kernel.lir").write_bytes(b"lir bytes")  # to key the next stage
+    (base / "out").mkdir()
+    (base / "out" / "kernel.lir").write_bytes(b"lir bytes")  # to key the next stage
     store.store(stage_key(sched), {"artifact": b"sched bytes"})
-    (tmp_path / "out" / "kernel.lir").unlink()
+    (base / "out" / "kernel.lir").unlink()
+    return [lir, sched]
+
+
+def test_a_fetched_stage_writes_the_rest_of_its_chain_and_lists_it(tmp_path):
+    from kiln.tasks import manifest
+    from kiln.tasks.cached import fetch_or_run
+
+    lir, sched = stored_chain(tmp_path)
 
     def must_not_run(spec):
         raise AssertionError(f"{spec['stage']} ran although the store has it")
@@ -106,19 +114,9 @@ def test_a_fetched_stage_writes_the_rest_of_its_chain_and_lists_it(tmp_path):
 
 
 def test_an_artifact_changed_after_the_walk_is_not_taken_on_trust(tmp_path):
-    from kiln.tasks.cached import fetch_or_run, stage_key
+    from kiln.tasks.cached import fetch_or_run
 
-    from kiln.cache.config import CacheConfig
-    from kiln.cache.store import LocalStore
-
-    (tmp_path / "kernel.visa").write_bytes(b"visa text")
-    config = CacheConfig(local_dir=str(tmp_path / "store"))
-    lir, sched = chain_specs(tmp_path, config)
-    store = LocalStore(config.local_dir)
-    store.store(stage_key(lir), {"artifact": b"lir bytes"})
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "kernel.lir").write_bytes(b"lir bytes")
-    store.store(stage_key(sched), {"artifact": b"sched bytes"})
+    lir, sched = stored_chain(tmp_path)
     fetch_or_run(lir, lambda spec: None)
     (tmp_path / "out" / "kernel.sched").write_bytes(b"edited by hand!")
     ran = []
