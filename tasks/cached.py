@@ -147,7 +147,7 @@ def fetch_or_run(spec: dict, run) -> str:
             found[SIDE + name] = portable((artifact.parent / name).read_bytes(), spec["root"])
         session.store(key, found)
     except OSError as exc:  # a full or read-only cache disk costs speed, not the build
-        log.warning("could not store %s in the cache: %s", artifact, exc)
+        session.store_failed(exc)
     return COMPILED
 
 

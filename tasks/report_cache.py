@@ -21,9 +21,7 @@ from kiln.tasks.compile import stage_artifact
 from kiln.tasks.digest import digest_json, stage_module_info
 
 from kiln.cache.action import action_key, file_digest
-from kiln.logconfig import get_logger
 
-log = get_logger("cache")
 REPORT_OUTPUT = "report"
 # what decides a report besides the runner's own module: the oracle, the
 # inputs, the comparison and the code that assembles the report
@@ -61,7 +59,7 @@ class ReportCache:
         try:
             self.session.store(self.key, {REPORT_OUTPUT: data})
         except OSError as exc:  # a full or read-only cache costs time, never the test
-            log.warning("could not store the report of %s in the cache: %s", self.key, exc)
+            self.session.store_failed(exc)
 
 
 def report_cache(project, inst, target: str, runner, tolerance, seed: int) -> ReportCache | None:

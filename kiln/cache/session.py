@@ -34,6 +34,7 @@ class CacheSession:
             )
         # keys whose outputs were built in this build by a remote executor: compiled, not hits
         self.produced: set[str] = set()
+        self.warned_unwritable = False
 
     def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
         """(outputs, how): from the local store (hit), the remote (fetched), or None."""
@@ -51,6 +52,20 @@ class CacheSession:
         digests = self.local.store(key, outputs)
         if self.remote is not None:
             self.remote.store(key, outputs, digests)
+
+    def store_failed(self, exc: OSError) -> None:
+        """Say once per process that the local store cannot be written; the build goes on."""
+        if self.warned_unwritable:
+            return
+        self.warned_unwritable = True
+        from kiln.logconfig import get_logger
+
+        get_logger("cache").warning(
+            "the artifact cache %s cannot be written (%s): building without storing; "
+            "set KILN_CACHE_DIR to a writable directory, or KILN_CACHE=0 to turn it off",
+            self.config.local_dir,
+            exc.strerror or exc,
+        )
 
 
 def session_for(config: CacheConfig) -> CacheSession:

@@ -70,3 +70,13 @@ def test_a_target_that_is_not_reproducible_always_runs(project):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "PASS    vector_add.small @ iree-cpu" in proc.stdout
         assert "cached" not in proc.stdout
+
+
+def test_an_unwritable_cache_is_one_warning_and_the_tests_still_run(project):
+    (project / "not-a-dir").write_text("a file where the cache goes\n")
+    proc = run_kiln(project, "test", "vector_add", "--target", "sim",
+                    env={"KILN_CACHE_DIR": str(project / "not-a-dir")})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert CHECKED in proc.stdout
+    assert proc.stderr.count("cannot be written") == 1, proc.stderr
+    assert "KILN_CACHE_DIR" in proc.stderr and "Traceback" not in proc.stderr
