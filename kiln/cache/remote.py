@@ -199,16 +199,12 @@ class RemoteStore:
 
     def lookup(self, key: str) -> dict[str, bytes] | None:
         """The verified outputs of ``key`` from the remote, or None."""
-        raw = self._call(f"reading action {key}", self.fs.cat_file, self._path("ac", key))
-        if raw is None:
+        read = self._call(f"reading action {key}", self._read_action, key)
+        if read is None:
             return None
-        outputs = parse_action_entry(raw)
+        outputs, blobs = read
         if outputs is None:
             self._bad_object(key, "not a Kiln action entry")
-            return None
-        paths = [self._path("cas", digest) for digest in outputs.values()]
-        blobs = self._call(f"reading the outputs of {key}", self._read_blobs, paths)
-        if blobs is None:
             return None
         found = {}
         for name, digest in outputs.items():
@@ -223,6 +219,17 @@ class RemoteStore:
             self.fetched_bytes += len(data)
             found[name] = data
         return found
+
+    def _read_action(self, key: str) -> tuple[dict[str, str] | None, dict[str, bytes]]:
+        """(output name -> digest, digest -> bytes): the entry and its blobs in one call.
+
+        One trip through the deadline thread per action, not one per object;
+        the caller verifies every blob against its digest.
+        """
+        outputs = parse_action_entry(self.fs.cat_file(self._path("ac", key)))
+        if outputs is None:
+            return None, {}
+        return outputs, self._read_blobs([self._path("cas", d) for d in outputs.values()])
 
     def _read_blobs(self, paths: list[str]) -> dict[str, bytes | None]:
         """digest -> bytes of every blob, in one call (concurrent on async backends).
