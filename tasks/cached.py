@@ -126,14 +126,13 @@ def fetch_or_run(spec: dict, run) -> str:
         return settled[1]  # written from the cache by this chain's first task, unchanged since
     outputs, how = session.lookup(key)
     artifact = Path(spec["artifact"])
+    produced: dict[str, dict[str, bytes]] = {}
     if outputs is None and spec.get("executor"):
         from kiln.tasks.remote_exec import run_chain_remotely
 
         produced = run_chain_remotely(spec, session)
         if key in produced:
             outputs, how = produced[key], COMPILED
-    else:
-        produced = {}
     if outputs is not None:
         write_outputs(artifact, outputs, spec["root"])
         record_outputs(spec, artifact, outputs)

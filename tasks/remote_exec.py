@@ -24,6 +24,9 @@ from kiln.tasks.executor import DISTRIBUTED_HINT
 from kiln.cache.store import sha256
 from kiln.errors import KilnError
 
+STALE_WORKERS_HINT = (
+    "install the same Kiln version on the workers (or restart them after an upgrade)"
+)
 _client_lock = threading.Lock()
 _clients: dict[tuple, object] = {}
 _failed: dict[tuple, KilnError] = {}
@@ -174,7 +177,7 @@ def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
     if "refused" in result:
         raise KilnError(
             f"a Dask worker runs different Kiln code: {result['refused']}",
-            hint="install the same Kiln version on the workers (or restart them after an upgrade)",
+            hint=STALE_WORKERS_HINT,
         )
     outputs = result["outputs"]
     graph_digest = payload.get("graph_sha256")

@@ -204,7 +204,7 @@ def tuning_client(project: Project):
     executor = resolve_executor(project.pipeline.executor, project.root)
     if executor is None:
         return None
-    from kiln.tasks.remote_exec import dask_client, kiln_code_digest
+    from kiln.tasks.remote_exec import STALE_WORKERS_HINT, dask_client, kiln_code_digest
 
     client = dask_client(executor)
     if client is None:
@@ -216,7 +216,7 @@ def tuning_client(project: Project):
     if stale:
         raise KilnError(
             f"Dask workers run different Kiln code: {', '.join(stale)}",
-            hint="install the same Kiln version on the workers (or restart them after an upgrade)",
+            hint=STALE_WORKERS_HINT,
         )
     return client
 
