@@ -24,7 +24,9 @@ Targets: speed-up (-n 1 time / -n 2 time) at least 1.5x, and at least
 (2 when a build fails). On a busy machine both figures drop; the calibration shows how
 much, so compare the ratio before trusting the speed-up alone.
 
-    python benchmarks/parallel.py [--copies 14] [--repeat 3] [--quick]
+    python benchmarks/parallel.py [--copies 32] [--repeat 3] [--dir DIR] [--quick]
+
+The project lives on tmpfs when the machine has one (see scratch.py).
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import yaml
+from scratch import add_dir_option, scratch
 from verdicts import Targets, abort
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,18 +130,22 @@ def spin(procs: int, loops: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--copies", type=int, default=14, help="copies of each shape set")
+    ap.add_argument("--copies", type=int, default=32, help="copies of each shape set")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--loops", type=int, default=15_000_000, help="calibration work per half")
     ap.add_argument("--quick", action="store_true", help="a tiny run that checks the script")
+    add_dir_option(ap)
     args = ap.parse_args()
     if args.quick:
         args.copies, args.repeat, args.loops = 1, 1, 1_000_000
 
-    with tempfile.TemporaryDirectory(prefix="kiln-parallel-") as tmp:
+    with scratch("kiln-parallel-", args.dir) as tmp:
         root = Path(tmp)
         instances = make_project(root, args.copies, 1 if args.quick else None)
-        print(f"project: {instances} kernel instances ({args.copies} copies of each shape set)")
+        print(
+            f"project: {instances} kernel instances ({args.copies} copies of each shape set), "
+            f"in {root.parent}"
+        )
         if not args.quick:
             cold_build(root, 1)  # warm-up: byte-compiles the sources, fills the OS file cache
         serial, parallel, one, two = [], [], [], []
