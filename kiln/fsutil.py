@@ -15,25 +15,32 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
     does not wake the stages after it. Readers never see a partial file.
     ``durable`` also fsyncs the data before the rename.
     """
-    target = Path(path)
+    # plain strings and os calls: this runs for every artifact, blob and entry of a build
+    target = os.fspath(path)
     try:
-        if target.stat().st_size == len(data) and target.read_bytes() == data:
-            return False
+        if os.stat(target).st_size == len(data):
+            with open(target, "rb") as f:
+                if f.read() == data:
+                    return False
     except (FileNotFoundError, NotADirectoryError):
         pass
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    head, name = os.path.split(target)
+    tmp = os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
         fd = os.open(tmp, flags, 0o666)  # umask applies
     except FileNotFoundError:  # the directory is new: made only then, not probed every write
-        target.parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(head or ".", exist_ok=True)
         fd = os.open(tmp, flags, 0o666)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if durable:
-                f.flush()
-                os.fsync(f.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, target)
     except BaseException:
         try:

@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from kiln.tasks.digest import stage_module_info
 
@@ -30,9 +31,18 @@ ROOT_PLACEHOLDER = b"<kiln-project-root>"
 # Files this process wrote, with their digest, valid while (size, mtime, inode) hold:
 # the next stage's key needs its input's digest, and hashing it again is wasted work.
 _written: dict[str, tuple[tuple[int, int, int], str]] = {}
+
+
+class Settled(NamedTuple):
+    spec: dict  # the very spec the walk keyed: the later task gets the same object
+    how: str
+    stat: tuple[int, int, int] | None  # the artifact's, right after the walk wrote it
+    input_stat: tuple[int, int, int] | None  # its input's, which its key was made from
+
+
 # Artifacts written from the cache ahead of their own task (the rest of a chain whose
-# first stage was fetched): path -> (action key, how, stat). That task then only checks.
-_settled: dict[str, tuple[str, str, tuple[int, int, int]]] = {}
+# first stage was fetched): path -> Settled. That task then only checks the stats.
+_settled: dict[str, Settled] = {}
 
 
 def _stat(path: str) -> tuple[int, int, int] | None:
@@ -119,11 +129,18 @@ def fetch_or_run(spec: dict, run) -> str:
     if not settings or not settings.get("enabled") or spec["dumps"]:
         run(spec)
         return COMPILED
+    settled = _settled.pop(spec["artifact"], None)
+    if (
+        settled is not None
+        and settled.spec is spec
+        and settled.stat == _stat(spec["artifact"])
+        and settled.input_stat == _stat(spec["input"])
+    ):
+        # written from the cache by this chain's first task, from the input it still has:
+        # its key then is the one the walk computed, and the artifact is unchanged since
+        return settled.how
     session = session_for(CacheConfig(**settings))
     key = stage_key(spec)
-    settled = _settled.pop(spec["artifact"], None)
-    if settled is not None and settled[0] == key and settled[2] == _stat(spec["artifact"]):
-        return settled[1]  # written from the cache by this chain's first task, unchanged since
     outputs, how = session.lookup(key)
     artifact = Path(spec["artifact"])
     produced: dict[str, dict[str, bytes]] = {}
@@ -135,9 +152,11 @@ def fetch_or_run(spec: dict, run) -> str:
             outputs, how = produced[key], COMPILED
     if outputs is not None:
         write_outputs(artifact, outputs, spec["root"])
-        record_outputs(spec, artifact, outputs)
         log.info("%s %s: %s from cache %s", spec["instance"], spec["stage"], how, artifact)
-        settle_rest_of_chain(spec, session, outputs, produced)
+        written = [(spec, artifact, outputs)]
+        settled = write_rest_of_chain(spec, session, outputs, produced, written)
+        record_many(spec["root"], written)  # one manifest update for the whole walk
+        _settled.update(settled)  # only once the manifest lists them
         return how
     side = run(spec) or []
     try:
@@ -150,9 +169,13 @@ def fetch_or_run(spec: dict, run) -> str:
     return COMPILED
 
 
-def settle_rest_of_chain(
-    spec: dict, session, outputs: dict[str, bytes], produced: dict | None = None
-) -> None:
+def write_rest_of_chain(
+    spec: dict,
+    session,
+    outputs: dict[str, bytes],
+    produced: dict | None,
+    written: list[tuple[dict, Path, dict[str, bytes]]],
+) -> dict[str, Settled]:
     """Write the chain's later artifacts from the cache now, while their keys follow.
 
     Each later stage's key needs only the digest of the output before it, so
@@ -160,16 +183,18 @@ def settle_rest_of_chain(
     one task; the later tasks find their artifact settled and only check it.
     A stage that dumps or is tuned stops the walk: its own task decides.
     ``produced``: outputs a remote executor just built, by key (already stored).
+    Appends what it wrote to ``written`` (for the caller's one manifest
+    update) and returns the settled artifacts by path.
     """
     chain = spec.get("chain")
+    settled: dict[str, Settled] = {}
     if not chain or multiprocessing.parent_process() is not None:
         # in a worker of `-n N` the later tasks may run in another worker, which
         # would find nothing settled and write everything again
-        return
+        return settled
     input_digest = sha256(outputs["artifact"])
     graph_digest = input_digest if "trace" in spec else None
-    written: list[tuple[dict, Path, dict[str, bytes]]] = []
-    settled: dict[str, tuple[str, str, tuple[int, int, int]]] = {}
+    first_dir = Path(spec["artifact"]).parent
     try:
         for later in chain[spec["stage_index"] + 1 :]:
             if later["dumps"] or "tuning" in later:
@@ -182,20 +207,18 @@ def settle_rest_of_chain(
             if found is None:
                 break
             artifact = Path(later["artifact"])
-            write_outputs(artifact, found, later["root"])
+            # the chain's first write swept this out dir a moment ago
+            write_outputs(artifact, found, later["root"], sweep=artifact.parent != first_dir)
             written.append((later, artifact, found))
             log.info("%s %s: %s from cache %s", later["instance"], later["stage"], how, artifact)
             stat = _stat(later["artifact"])
             if stat is None:
                 break
-            settled[later["artifact"]] = (key, how, stat)
+            settled[later["artifact"]] = Settled(later, how, stat, _stat(later["input"]))
             input_digest = sha256(found["artifact"])
-        if written:  # one manifest update for the walk, before any later task checks
-            record_many(spec["root"], written)
     except OSError as exc:  # the walk only saves time: its stages' own tasks do the work
         log.warning("could not write ahead from the cache after %s: %s", spec["artifact"], exc)
-        return
-    _settled.update(settled)  # only once the manifest lists them
+    return settled
 
 
 def portable(data: bytes, root: str) -> bytes:
@@ -207,9 +230,15 @@ def portable(data: bytes, root: str) -> bytes:
     return data.replace(str(root).encode(), ROOT_PLACEHOLDER)
 
 
-def write_outputs(artifact: Path, outputs: dict[str, bytes], root: str) -> None:
-    """Write a stage's artifact and its side artifacts from cached outputs, atomically."""
-    fsutil.remove_stale_tmp(artifact.parent)  # left by a build killed mid-write
+def write_outputs(
+    artifact: Path, outputs: dict[str, bytes], root: str, *, sweep: bool = True
+) -> None:
+    """Write a stage's artifact and its side artifacts from cached outputs, atomically.
+
+    ``sweep`` False: the directory was just cleared of a killed build's temp files.
+    """
+    if sweep:
+        fsutil.remove_stale_tmp(artifact.parent)  # left by a build killed mid-write
     fsutil.write_bytes_atomic(artifact, outputs["artifact"])
     _remember(str(artifact), outputs["artifact"])
     for name, data in outputs.items():
@@ -218,27 +247,25 @@ def write_outputs(artifact: Path, outputs: dict[str, bytes], root: str) -> None:
             fsutil.write_bytes_atomic(artifact.parent / name[len(SIDE) :], local)
 
 
-def record_outputs(spec: dict, artifact: Path, outputs: dict[str, bytes]) -> None:
-    """List fetched files in the instance's manifest, as a stage run does.
+def record_many(root: str, fetched: list[tuple[dict, Path, dict[str, bytes]]]) -> None:
+    """List fetched files in the instance's manifest, as a stage run does: one write.
 
     Without it a fetched artifact escapes the damage check and ``kiln clean``.
     """
-    record_many(spec["root"], [(spec, artifact, outputs)])
-
-
-def record_many(root: str, fetched: list[tuple[dict, Path, dict[str, bytes]]]) -> None:
-    """``record_outputs`` for several artifacts of one instance: one manifest write."""
     from kiln.tasks import manifest
 
     manifest.forget_index(os.path.join(root, ".kiln"))
-    entries = [
-        (
-            str(artifact),
-            [str(artifact.parent / n[len(SIDE) :]) for n in outputs if n.startswith(SIDE)],
+    entries = []
+    known = {}
+    for _, artifact, outputs in fetched:
+        path = str(artifact)
+        entries.append(
+            (path, [str(artifact.parent / n[len(SIDE) :]) for n in outputs if n.startswith(SIDE)])
         )
-        for _, artifact, outputs in fetched
-    ]
-    manifest.record_artifacts(str(fetched[0][1].parent), entries)
+        memo = _written.get(path)
+        if memo is not None:
+            known[path] = memo  # (stat, sha256) from the write just done
+    manifest.record_artifacts(str(fetched[0][1].parent), entries, known=known)
 
 
 def _rel(path: str, root: str) -> str:

@@ -90,21 +90,35 @@ def record(directory: str, paths: list[str], sides: list[str] = ()) -> None:
     write(directory, files, side_map)
 
 
-def record_artifacts(directory: str, entries: list[tuple[str, list[str]]]) -> None:
-    """``record`` for several (artifact, its side files) at once: one read, one write."""
+def record_artifacts(
+    directory: str, entries: list[tuple[str, list[str]]], known: dict | None = None
+) -> None:
+    """``record`` for several (artifact, its side files) at once: one read, one write.
+
+    ``known``: path -> ((size, mtime_ns, inode), sha256) of files the caller
+    has just written; a file whose stat still matches is not read again.
+    """
     doc = read_doc(directory)
     files, side_map = doc.get("files", {}), doc.get("sides", {})
     for artifact, sides in entries:
-        _add(directory, files, side_map, [artifact], sides)
+        _add(directory, files, side_map, [artifact], sides, known or {})
     write(directory, files, side_map)
 
 
-def _add(directory: str, files: dict, side_map: dict, paths: list[str], sides) -> None:
+def _add(
+    directory: str, files: dict, side_map: dict, paths: list[str], sides, known: dict | None = None
+) -> None:
+    known = known or {}
     for path in paths:
         for file in written_files(path):
             st = os.stat(file)
             rel = os.path.relpath(file, directory)
-            files[rel] = [st.st_size, st.st_mtime_ns, file_digest(file)]
+            memo = known.get(file)
+            if memo is not None and memo[0] == (st.st_size, st.st_mtime_ns, st.st_ino):
+                digest = memo[1]
+            else:
+                digest = file_digest(file)
+            files[rel] = [st.st_size, st.st_mtime_ns, digest]
     if paths:
         side_map[os.path.relpath(paths[0], directory)] = sorted(
             os.path.relpath(side, directory) for side in sides

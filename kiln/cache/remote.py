@@ -199,6 +199,11 @@ class RemoteStore:
 
     def lookup(self, key: str) -> dict[str, bytes] | None:
         """The verified outputs of ``key`` from the remote, or None."""
+        found = self.lookup_verified(key)
+        return None if found is None else found[0]
+
+    def lookup_verified(self, key: str) -> tuple[dict[str, bytes], dict[str, str]] | None:
+        """(outputs, their digests by name) of ``key``, every blob checked; or None."""
         read = self._call(f"reading action {key}", self._read_action, key)
         if read is None:
             return None
@@ -218,7 +223,7 @@ class RemoteStore:
                 return None
             self.fetched_bytes += len(data)
             found[name] = data
-        return found
+        return found, outputs
 
     def _read_action(self, key: str) -> tuple[dict[str, str] | None, dict[str, bytes]]:
         """(output name -> digest, digest -> bytes): the entry and its blobs in one call.

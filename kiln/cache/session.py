@@ -6,7 +6,10 @@ A process keeps one session per configuration, so the circuit breaker and
 
 from __future__ import annotations
 
+import atexit
 import json
+import multiprocessing
+import queue
 import threading
 
 from kiln.cache.config import CacheConfig
@@ -14,7 +17,7 @@ from kiln.cache.store import LocalStore
 from kiln.fsutil import write_bytes_atomic
 
 HIT, FETCHED, COMPILED = "hit", "fetched", "compiled"
-_sessions: dict[tuple, CacheSession] = {}
+_sessions: dict[CacheConfig, CacheSession] = {}
 _lock = threading.Lock()
 
 
@@ -35,6 +38,9 @@ class CacheSession:
         # keys whose outputs were built in this build by a remote executor: compiled, not hits
         self.produced: set[str] = set()
         self.warned_unwritable = False
+        self._pending: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._writer_lock = threading.Lock()
 
     def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
         """(outputs, how): from the local store (hit), the remote (fetched), or None."""
@@ -42,11 +48,49 @@ class CacheSession:
         if found is not None:
             return found, COMPILED if key in self.produced else HIT
         if self.remote is not None:
-            found = self.remote.lookup(key)
-            if found is not None:
-                self.local.store(key, found)
-                return found, FETCHED
+            fetched = self.remote.lookup_verified(key)
+            if fetched is not None:
+                self.keep_fetched(key, *fetched)
+                return fetched[0], FETCHED
         return None, COMPILED
+
+    def keep_fetched(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
+        """Copy a fetched action into the local store, behind the build where possible.
+
+        A clean clone fetches every action: writing each into the local store
+        on the build's own thread was a sixth of its time. The main process
+        hands them to one writer thread, drained before the process exits; a
+        worker process of ``-n N`` (which exits without atexit) writes at once.
+        """
+        if multiprocessing.parent_process() is not None:
+            self._keep(key, found, digests)
+            return
+        with self._writer_lock:
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._drain, name="kiln-local-store", daemon=True
+                )
+                self._writer.start()
+                atexit.register(self.flush)
+        self._pending.put((key, found, digests))
+
+    def flush(self) -> None:
+        """Wait until every fetched action handed to the writer thread is stored."""
+        with self._writer_lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            self._pending.put(None)
+            writer.join()
+
+    def _drain(self) -> None:
+        while (item := self._pending.get()) is not None:
+            self._keep(*item)
+
+    def _keep(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
+        try:
+            self.local.store(key, found, digests)  # verified on fetch: not hashed again
+        except OSError as exc:
+            self.store_failed(exc)
 
     def store(self, key: str, outputs: dict[str, bytes]) -> None:
         digests = self.local.store(key, outputs)
@@ -69,12 +113,21 @@ class CacheSession:
 
 
 def session_for(config: CacheConfig) -> CacheSession:
-    key = tuple(sorted(config.to_dict().items()))
-    with _lock:
-        found = _sessions.get(key)
-        if found is None:
-            found = _sessions[key] = CacheSession(config)
+    # a frozen dataclass is its own key: hashing it costs far less than listing its fields
+    found = _sessions.get(config)
+    if found is not None:
         return found
+    with _lock:
+        found = _sessions.get(config)
+        if found is None:
+            found = _sessions[config] = CacheSession(config)
+        return found
+
+
+def flush_sessions() -> None:
+    """Finish every session's background writes (before reporting what the build did)."""
+    for session in list(_sessions.values()):
+        session.flush()
 
 
 def write_last_build(local_dir: str, counts: dict) -> None:

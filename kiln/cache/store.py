@@ -39,19 +39,29 @@ class LocalStore:
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
+        # the hot paths build file names as strings: pathlib costs more than the I/O here
+        self._cas = os.path.join(root, "cas")
+        self._ac = os.path.join(root, "ac")
 
     def blob_path(self, digest: str) -> Path:
-        return self.root / "cas" / digest[:2] / digest
+        return Path(self._blob_file(digest))
 
     def action_path(self, key: str) -> Path:
-        return self.root / "ac" / key[:2] / f"{key}.json"
+        return Path(self._action_file(key))
+
+    def _blob_file(self, digest: str) -> str:
+        return f"{self._cas}/{digest[:2]}/{digest}"
+
+    def _action_file(self, key: str) -> str:
+        return f"{self._ac}/{key[:2]}/{key}.json"
 
     # -- blobs ---------------------------------------------------------------
     def get_blob(self, digest: str) -> bytes | None:
         """The bytes stored under ``digest``, or None; a damaged blob is dropped, never returned."""
-        path = self.blob_path(digest)
+        path = self._blob_file(digest)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                data = f.read()
         except OSError:
             return None
         if sha256(data) != digest:
@@ -60,19 +70,21 @@ class LocalStore:
         _touch(path)
         return data
 
-    def put_blob(self, data: bytes) -> str:
-        digest = sha256(data)
-        path = self.blob_path(digest)
-        if not path.exists():
+    def put_blob(self, data: bytes, digest: str | None = None) -> str:
+        """Store ``data``; ``digest`` is its sha256 when the caller has just verified it."""
+        digest = digest or sha256(data)
+        path = self._blob_file(digest)
+        if not os.path.exists(path):
             write_bytes_atomic(path, data)
         return digest
 
     # -- action entries --------------------------------------------------------
     def get_action(self, key: str) -> dict[str, str] | None:
         """Output name -> digest recorded for ``key``, or None (unknown or unreadable)."""
-        path = self.action_path(key)
+        path = self._action_file(key)
         try:
-            outputs = parse_action_entry(path.read_bytes())
+            with open(path, "rb") as f:
+                outputs = parse_action_entry(f.read())
         except OSError:
             return None
         if outputs is None:
@@ -82,7 +94,7 @@ class LocalStore:
         return outputs
 
     def put_action(self, key: str, outputs: dict[str, str]) -> None:
-        write_bytes_atomic(self.action_path(key), action_entry(outputs))
+        write_bytes_atomic(self._action_file(key), action_entry(outputs))
 
     def lookup(self, key: str) -> dict[str, bytes] | None:
         """The outputs of ``key``, all present and verified, or None."""
@@ -97,8 +109,12 @@ class LocalStore:
             found[name] = data
         return found
 
-    def store(self, key: str, outputs: dict[str, bytes]) -> dict[str, str]:
-        digests = {name: self.put_blob(data) for name, data in outputs.items()}
+    def store(
+        self, key: str, outputs: dict[str, bytes], digests: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        """Store the outputs of ``key``; ``digests``: theirs by name, when already verified."""
+        known = digests or {}
+        digests = {name: self.put_blob(data, known.get(name)) for name, data in outputs.items()}
         self.put_action(key, digests)
         return digests
 
@@ -175,16 +191,16 @@ def parse_action_entry(raw: bytes) -> dict[str, str] | None:
     return outputs
 
 
-def _touch(path: Path) -> None:
+def _touch(path: str | os.PathLike) -> None:
     try:
         os.utime(path)
     except OSError:
         pass
 
 
-def _unlink(path: Path) -> None:
+def _unlink(path: str | os.PathLike) -> None:
     try:
-        path.unlink()
+        os.unlink(path)
     except OSError:
         pass
 
