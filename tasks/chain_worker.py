@@ -42,6 +42,22 @@ def run_chain(payload: dict) -> dict:
         return {"outputs": _run_stages(payload, Path(tmp), root)}
 
 
+def run_chains(batch: dict) -> list[dict]:
+    """``run_chain`` for each chain of a batch, in order; one result per chain.
+
+    A batch names each distinct source tree once (``sources``) and its
+    chains point at theirs by index (``sources_index``): the instances of
+    one kernel file share the bytes instead of carrying a copy each.
+    """
+    results = []
+    for payload in batch["chains"]:
+        index = payload.get("sources_index")
+        if index is not None:
+            payload = {**payload, "sources": batch["sources"][index]}
+        results.append(run_chain(payload))
+    return results
+
+
 def warm_up(modules: list[str]) -> None:
     """Import the stage modules (and numpy with them) before the first task needs them."""
     for name in modules:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import multiprocessing
+import os
 import threading
 
 from kiln.tasks.cached import resolved_options, stage_key
@@ -141,7 +142,7 @@ def chain_payload(spec: dict) -> tuple[dict, list[dict]]:
         root = Path(spec["root"])
         payload["trace"] = spec["trace"]
         payload["sources"] = {
-            str(Path(p).resolve().relative_to(root.resolve())): Path(p).read_bytes()
+            str(Path(p).resolve().relative_to(root.resolve())): source_bytes(p)
             for p in spec.get("sources", ())
         }
     else:
@@ -164,11 +165,10 @@ def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
     client = dask_client(spec["executor"])
     if client is None:
         return {}
-    from kiln.tasks.chain_worker import run_chain
+    from kiln.tasks.chain_batches import batcher_for
 
-    future = client.submit(run_chain, payload, pure=False, retries=1)
     try:
-        result = future.result()
+        result = batcher_for(client).run(payload)
     except Exception as exc:  # workers lost past Dask's retries, a scheduler gone: build here
         from kiln.cache.remote import warn
 
@@ -192,6 +192,26 @@ def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
         produced[key] = found
         input_digest = sha256(found["artifact"])
     return produced
+
+
+_sources: dict[str, tuple[tuple[int, int, int], bytes]] = {}
+
+
+def source_bytes(path: str) -> bytes:
+    """A kernel source's bytes, read once while its (size, mtime, inode) hold.
+
+    Every instance of a kernel file sends that file: one bytes object for
+    all of them lets a batch send it once (see tasks/chain_batches.py).
+    """
+    st = os.stat(path)
+    stat = (st.st_size, st.st_mtime_ns, st.st_ino)
+    known = _sources.get(path)
+    if known is not None and known[0] == stat:
+        return known[1]
+    with open(path, "rb") as f:
+        data = f.read()
+    _sources[path] = (stat, data)
+    return data
 
 
 def kiln_code_digest(modules: list[str]) -> str:

@@ -1,0 +1,111 @@
+"""Chains sent to Dask a batch at a time: many doit actions, few Dask tasks.
+
+A stage chain is about 20 ms of work on a worker, and every Dask task costs
+the client a few milliseconds of scheduling and messages, paid on the same
+two cores the workers use. doit's threads hand their chains to one batcher
+per client; a sender thread ships whatever has gathered (up to
+``BATCH_SIZE`` chains, or what arrived within ``LINGER`` seconds of the
+first) as one Dask task, and each action waits only for its own chain's
+result. The instances of one kernel file send its bytes once per batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+BATCH_SIZE = 8
+LINGER = 0.004  # seconds the first chain of a batch waits for company
+
+_batchers: dict[int, ChainBatcher] = {}
+_batchers_lock = threading.Lock()
+
+
+class ChainBatcher:
+    """Gathers chain payloads and submits them to ``client`` as ``run_chains`` tasks."""
+
+    def __init__(self, client, batch_size: int = BATCH_SIZE, linger: float = LINGER):
+        self.client = client
+        self.batch_size = batch_size
+        self.linger = linger
+        self._open: list[tuple[dict, Future]] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._send_loop, name="kiln-dask-batches", daemon=True).start()
+
+    def run(self, payload: dict) -> dict:
+        """This chain's result (``run_chain``'s), once its batch is back; raises its error."""
+        slot: Future = Future()
+        with self._cond:
+            self._open.append((payload, slot))
+            self._cond.notify()
+        return slot.result()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._open:
+                    self._cond.wait()
+                deadline = time.monotonic() + self.linger
+                while len(self._open) < self.batch_size:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                batch = self._open[: self.batch_size]
+                del self._open[: self.batch_size]
+            self._submit(batch)
+
+    def _submit(self, batch: list[tuple[dict, Future]]) -> None:
+        from kiln.tasks.chain_worker import run_chains
+
+        slots = [slot for _, slot in batch]
+        try:
+            future = self.client.submit(
+                run_chains, pack([p for p, _ in batch]), pure=False, retries=1
+            )
+        except Exception as exc:  # a closed client: every action builds locally
+            for slot in slots:
+                slot.set_exception(exc)
+            return
+
+        def deliver(done) -> None:  # on the client's event loop: hand over, nothing more
+            try:
+                results = done.result()
+            except BaseException as exc:
+                for slot in slots:
+                    slot.set_exception(exc)
+                return
+            for slot, result in zip(slots, results, strict=True):
+                slot.set_result(result)
+
+        future.add_done_callback(deliver)
+
+
+def pack(payloads: list[dict]) -> dict:
+    """The batch for ``run_chains``: each distinct source tree once, chains pointing at it."""
+    trees: list[dict[str, bytes]] = []
+    index_of: dict[tuple, int] = {}
+    chains = []
+    for payload in payloads:
+        sources = payload.get("sources")
+        if sources is None:
+            chains.append(payload)
+            continue
+        # the payloads hold their bytes objects alive, so ids name them within the batch
+        key = tuple(sorted((rel, len(data), id(data)) for rel, data in sources.items()))
+        if key not in index_of:
+            index_of[key] = len(trees)
+            trees.append(sources)
+        chain = {k: v for k, v in payload.items() if k != "sources"}
+        chain["sources_index"] = index_of[key]
+        chains.append(chain)
+    return {"sources": trees, "chains": chains}
+
+
+def batcher_for(client) -> ChainBatcher:
+    with _batchers_lock:
+        found = _batchers.get(id(client))
+        if found is None or found.client is not client:
+            found = _batchers[id(client)] = ChainBatcher(client)
+        return found

@@ -1,0 +1,88 @@
+"""Chains gathered into Dask tasks: each action gets its own chain's result, or its error."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from kiln.tasks import chain_worker
+from kiln.tasks.chain_batches import ChainBatcher, pack
+
+
+class FakeClient:
+    """``submit`` on a thread pool: its futures take ``add_done_callback`` as Dask's do."""
+
+    def __init__(self):
+        self.pool = ThreadPoolExecutor(2)
+        self.batches: list[list[dict]] = []
+        self.lock = threading.Lock()
+
+    def submit(self, fn, batch, **_options):
+        with self.lock:
+            self.batches.append(batch["chains"])
+        return self.pool.submit(fn, batch)
+
+
+def echo_chain(payload: dict) -> dict:
+    if payload.get("fail"):
+        raise RuntimeError("worker lost")
+    return {"outputs": [{"artifact": payload["name"].encode() + b"|" + payload["sources"]["k.py"]}]}
+
+
+def test_pack_sends_a_shared_source_tree_once():
+    shared = {"k.py": b"def f(): ..." * 100}
+    other = {"k.py": b"other"}
+    payloads = [
+        {"name": "a", "sources": shared},
+        {"name": "b", "sources": dict(shared)},  # same bytes object: the same tree
+        {"name": "c", "sources": other},
+        {"name": "d", "input": b"lir"},
+    ]
+    batch = pack(payloads)
+    assert batch["sources"] == [shared, other]
+    assert [c.get("sources_index") for c in batch["chains"]] == [0, 0, 1, None]
+    assert all("sources" not in c for c in batch["chains"])
+    assert batch["chains"][3] == {"name": "d", "input": b"lir"}
+
+
+def test_run_chains_gives_each_chain_its_sources_back(monkeypatch):
+    monkeypatch.setattr(chain_worker, "run_chain", echo_chain)
+    shared, other = {"k.py": b"one"}, {"k.py": b"two"}
+    named = (("a", shared), ("b", other), ("c", shared))
+    batch = pack([{"name": n, "sources": s} for n, s in named])
+    results = chain_worker.run_chains(batch)
+    assert [r["outputs"][0]["artifact"] for r in results] == [b"a|one", b"b|two", b"c|one"]
+
+
+def test_concurrent_actions_share_batches_and_each_get_their_own_result(monkeypatch):
+    monkeypatch.setattr(chain_worker, "run_chain", echo_chain)
+    client = FakeClient()
+    batcher = ChainBatcher(client, batch_size=4, linger=0.05)
+    results: dict[str, bytes] = {}
+    source = {"k.py": b"src"}
+
+    def action(name: str) -> None:
+        result = batcher.run({"name": name, "sources": source})
+        results[name] = result["outputs"][0]["artifact"]
+
+    names = [f"g{i}" for i in range(10)]
+    threads = [threading.Thread(target=action, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == {n: f"{n}|src".encode() for n in names}
+    sizes = [len(b) for b in client.batches]
+    assert sum(sizes) == 10 and max(sizes) <= 4
+    assert len(sizes) < 10  # actions arriving together went out together
+
+
+def test_a_failed_batch_fails_every_chain_in_it(monkeypatch):
+    monkeypatch.setattr(chain_worker, "run_chain", echo_chain)
+    batcher = ChainBatcher(FakeClient(), batch_size=2, linger=0.01)
+    with pytest.raises(RuntimeError, match="worker lost"):
+        batcher.run({"name": "x", "fail": True, "sources": {"k.py": b""}})
+    # the batcher goes on serving later chains
+    later = batcher.run({"name": "y", "sources": {"k.py": b"ok"}})
+    assert later["outputs"][0]["artifact"] == b"y|ok"
