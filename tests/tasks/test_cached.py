@@ -123,3 +123,25 @@ def test_an_artifact_changed_after_the_walk_is_not_taken_on_trust(tmp_path):
     fetch_or_run(sched, lambda spec: ran.append(spec["stage"]))
     # looked up again: the store still has it, so the right bytes come back
     assert ran == [] and (tmp_path / "out" / "kernel.sched").read_bytes() == b"sched bytes"
+
+
+def test_a_known_digest_is_used_only_while_the_file_is_as_it_was(tmp_path):
+    from kiln.tasks import manifest
+
+    from kiln.cache.store import sha256
+
+    artifact = tmp_path / "kernel.edf"
+    artifact.write_bytes(b"real bytes")
+    st = artifact.stat()
+    stat = (st.st_size, st.st_mtime_ns, st.st_ino)
+    # the caller's digest is trusted while the stat holds (no second read) ...
+    manifest.record_artifacts(
+        str(tmp_path), [(str(artifact), [])], known={str(artifact): (stat, "d" * 64)}
+    )
+    assert manifest.read(str(tmp_path))["kernel.edf"][2] == "d" * 64
+    # ... and ignored once the file changed: the manifest hashes what is there
+    artifact.write_bytes(b"other bytes!")
+    manifest.record_artifacts(
+        str(tmp_path), [(str(artifact), [])], known={str(artifact): (stat, "d" * 64)}
+    )
+    assert manifest.read(str(tmp_path))["kernel.edf"][2] == sha256(b"other bytes!")

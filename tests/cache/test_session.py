@@ -1,0 +1,68 @@
+"""One build's cache session: fetched actions land in the local store, behind the build."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+
+pytest.importorskip("fsspec", reason="the remote cache needs kiln[distributed]")
+
+from kiln.cache.config import CacheConfig  # noqa: E402
+from kiln.cache.remote import RemoteStore  # noqa: E402
+from kiln.cache.session import FETCHED, HIT, CacheSession, session_for  # noqa: E402
+from kiln.cache.store import LocalStore, sha256  # noqa: E402
+
+KEY = "f" * 64
+
+
+def _team(tmp_path, data: bytes) -> str:
+    url = f"file://{tmp_path}/team"
+    RemoteStore(url).store(KEY, {"artifact": data}, {"artifact": sha256(data)})
+    return url
+
+
+def _session(tmp_path, url: str) -> CacheSession:
+    return CacheSession(CacheConfig(local_dir=str(tmp_path / "local"), remote=url))
+
+
+def test_a_fetched_action_is_in_the_local_store_once_flushed(tmp_path):
+    session = _session(tmp_path, _team(tmp_path, b"edf bytes"))
+    assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, FETCHED)
+    session.flush()
+    assert LocalStore(tmp_path / "local").lookup(KEY) == {"artifact": b"edf bytes"}
+    assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, HIT)  # no second fetch
+    session.flush()  # nothing pending: returns at once
+
+
+def _fetch_in_child(local_dir: str, url: str, queue) -> None:
+    session = CacheSession(CacheConfig(local_dir=local_dir, remote=url))
+    session.lookup(KEY)
+    # no flush: a worker process of -n N exits without atexit, so it must write at once
+    queue.put(LocalStore(local_dir).lookup(KEY))
+
+
+def test_a_worker_process_writes_the_fetched_action_at_once(tmp_path):
+    url = _team(tmp_path, b"lir bytes")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_fetch_in_child, args=(str(tmp_path / "local"), url, queue))
+    child.start()
+    found = queue.get(timeout=60)
+    child.join(60)
+    assert found == {"artifact": b"lir bytes"}
+
+
+def test_an_unwritable_local_store_warns_once_and_the_fetch_still_serves(tmp_path):
+    blocker = tmp_path / "local"
+    blocker.write_text("a file where the store's directory should be")
+    session = _session(tmp_path, _team(tmp_path, b"bytes"))
+    assert session.lookup(KEY)[0] == {"artifact": b"bytes"}
+    session.flush()
+    assert session.warned_unwritable
+
+
+def test_one_session_per_configuration(tmp_path):
+    config = CacheConfig(local_dir=str(tmp_path / "a"))
+    assert session_for(config) is session_for(CacheConfig(local_dir=str(tmp_path / "a")))
+    assert session_for(config) is not session_for(CacheConfig(local_dir=str(tmp_path / "b")))
