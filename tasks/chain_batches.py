@@ -30,6 +30,8 @@ class ChainBatcher:
         self.batch_size = batch_size
         self.linger = linger
         self._open: list[tuple[dict, Future]] = []
+        self._sent: set[Future] = set()  # slots of batches on the cluster, not back yet
+        self._closed = False
         self._cond = threading.Condition()
         threading.Thread(target=self._send_loop, name="kiln-dask-batches", daemon=True).start()
 
@@ -37,23 +39,40 @@ class ChainBatcher:
         """This chain's result (``run_chain``'s), once its batch is back; raises its error."""
         slot: Future = Future()
         with self._cond:
+            if self._closed:
+                raise BatcherClosed("the Dask client of this build is closed")
             self._open.append((payload, slot))
             self._cond.notify()
         return slot.result()
 
+    def close(self) -> None:
+        """Stop sending; every action still waiting gets an error (and builds locally)."""
+        with self._cond:
+            self._closed = True
+            waiting = [slot for _, slot in self._open] + list(self._sent)
+            self._open.clear()
+            self._sent.clear()
+            self._cond.notify()
+        for slot in waiting:
+            if not slot.done():
+                slot.set_exception(BatcherClosed("the Dask client of this build was closed"))
+
     def _send_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._open:
+                while not self._open and not self._closed:
                     self._cond.wait()
+                if self._closed:
+                    return
                 deadline = time.monotonic() + self.linger
-                while len(self._open) < self.batch_size:
+                while len(self._open) < self.batch_size and not self._closed:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
                 batch = self._open[: self.batch_size]
                 del self._open[: self.batch_size]
+                self._sent.update(slot for _, slot in batch)
             self._submit(batch)
 
     def _submit(self, batch: list[tuple[dict, Future]]) -> None:
@@ -70,16 +89,27 @@ class ChainBatcher:
             return
 
         def deliver(done) -> None:  # on the client's event loop: hand over, nothing more
+            with self._cond:
+                self._sent.difference_update(slots)
             try:
                 results = done.result()
             except BaseException as exc:
-                for slot in slots:
-                    slot.set_exception(exc)
-                return
+                results, error = [None] * len(slots), exc
+            else:
+                error = None
             for slot, result in zip(slots, results, strict=True):
-                slot.set_result(result)
+                if slot.done():  # failed already by close()
+                    continue
+                if error is not None:
+                    slot.set_exception(error)
+                else:
+                    slot.set_result(result)
 
         future.add_done_callback(deliver)
+
+
+class BatcherClosed(RuntimeError):
+    """The build's Dask client closed while a chain waited for its batch."""
 
 
 def pack(payloads: list[dict]) -> dict:
@@ -109,3 +139,12 @@ def batcher_for(client) -> ChainBatcher:
         if found is None or found.client is not client:
             found = _batchers[id(client)] = ChainBatcher(client)
         return found
+
+
+def close_batchers() -> None:
+    """Close every batcher (the build's clients are closing): no action waits forever."""
+    with _batchers_lock:
+        batchers = list(_batchers.values())
+        _batchers.clear()
+    for batcher in batchers:
+        batcher.close()

@@ -103,6 +103,9 @@ def warm_workers(client, stage_modules: list[str]) -> None:
 
 def close_clients() -> None:
     """Close every client and the LocalClusters Kiln started; pending futures are cancelled."""
+    from kiln.tasks.chain_batches import close_batchers
+
+    close_batchers()
     with _client_lock:
         for client in _clients.values():
             cluster = getattr(client, "cluster", None)

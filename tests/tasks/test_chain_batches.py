@@ -86,3 +86,35 @@ def test_a_failed_batch_fails_every_chain_in_it(monkeypatch):
     # the batcher goes on serving later chains
     later = batcher.run({"name": "y", "sources": {"k.py": b"ok"}})
     assert later["outputs"][0]["artifact"] == b"y|ok"
+
+
+def test_closing_fails_every_waiting_chain_and_later_ones(monkeypatch):
+    from kiln.tasks.chain_batches import BatcherClosed
+
+    started = threading.Event()
+
+    class StuckClient(FakeClient):
+        def submit(self, fn, batch, **_options):
+            started.set()
+            from concurrent.futures import Future
+
+            return Future()  # never finishes: a cluster that went away
+
+    batcher = ChainBatcher(StuckClient(), batch_size=1, linger=0.0)
+    errors: list[BaseException] = []
+
+    def action() -> None:
+        try:
+            batcher.run({"name": "x", "sources": {"k.py": b""}})
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiting = threading.Thread(target=action)
+    waiting.start()
+    assert started.wait(5)
+    batcher.close()
+    waiting.join(5)
+    assert not waiting.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], BatcherClosed)
+    with pytest.raises(BatcherClosed):
+        batcher.run({"name": "y"})
