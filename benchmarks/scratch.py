@@ -17,14 +17,25 @@ from pathlib import Path
 TMPFS = Path("/dev/shm")
 
 
+MIN_FREE = 2 << 30  # the largest generated projects, their caches and clones fit in this
+
+
 def default_dir() -> str | None:
-    """tmpfs when present and writable, else the system's temporary directory (None)."""
-    if TMPFS.is_dir() and os.access(TMPFS, os.W_OK | os.X_OK):
+    """tmpfs when present, writable and roomy, else the system's temporary directory (None).
+
+    A container's /dev/shm is often 64 MiB: too small, so it is not chosen.
+    """
+    try:
+        fs = os.statvfs(TMPFS)
+    except OSError:
+        return None
+    if fs.f_bavail * fs.f_frsize >= MIN_FREE and os.access(TMPFS, os.W_OK | os.X_OK):
         return str(TMPFS)
     return None
 
 
 def add_dir_option(parser) -> None:
+    """``--dir``: where the benchmark builds, tmpfs by default (see ``default_dir``)."""
     parser.add_argument(
         "--dir",
         default=default_dir(),

@@ -51,7 +51,8 @@ def compile_instances(
         prestart(executor, [stage.module for stage in project.pipeline.stages])
         # actions submit to Dask and wait: doit's thread runner gives the parallelism
         # enough threads to keep several batches in flight (see tasks/chain_batches.py)
-        argv = ["run", "-P", "thread", "-n", str(max(jobs * 16, 16)), *names]
+        # (capped: past that, more threads only add chains that a lost cluster sends home)
+        argv = ["run", "-P", "thread", "-n", str(min(max(jobs * 16, 16), 64)), *names]
     try:
         rc = run_doit(project, argv, fail_fast=fail_fast)
     finally:

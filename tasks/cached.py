@@ -34,10 +34,12 @@ _written: dict[str, tuple[tuple[int, int, int], str]] = {}
 
 
 class Settled(NamedTuple):
+    """A later stage's artifact that its chain's walk wrote, and what its key depended on."""
+
     spec: dict  # the very spec the walk keyed: the later task gets the same object
     how: str
     stat: tuple[int, int, int] | None  # the artifact's, right after the walk wrote it
-    input_stat: tuple[int, int, int] | None  # its input's, which its key was made from
+    made_from: tuple  # stats of the files its key was made from: its input (and graph)
 
 
 # Artifacts written from the cache ahead of their own task (the rest of a chain whose
@@ -51,6 +53,12 @@ def _stat(path: str) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _key_inputs_stat(spec: dict) -> tuple:
+    """Stats of the files a later stage's key hashes: its input, and the graph for the binary."""
+    graph = spec.get("build", {}).get("graph")
+    return (_stat(spec["input"]), _stat(graph) if graph else ())
 
 
 def _digest(path: str) -> str:
@@ -134,7 +142,7 @@ def fetch_or_run(spec: dict, run) -> str:
         settled is not None
         and settled.spec is spec
         and settled.stat == _stat(spec["artifact"])
-        and settled.input_stat == _stat(spec["input"])
+        and settled.made_from == _key_inputs_stat(spec)
     ):
         # written from the cache by this chain's first task, from the input it still has:
         # its key then is the one the walk computed, and the artifact is unchanged since
@@ -214,7 +222,10 @@ def write_rest_of_chain(
             stat = _stat(later["artifact"])
             if stat is None:
                 break
-            settled[later["artifact"]] = Settled(later, how, stat, _stat(later["input"]))
+            made_from = _key_inputs_stat(later)
+            if None in made_from:
+                break
+            settled[later["artifact"]] = Settled(later, how, stat, made_from)
             input_digest = sha256(found["artifact"])
     except OSError as exc:  # the walk only saves time: its stages' own tasks do the work
         log.warning("could not write ahead from the cache after %s: %s", spec["artifact"], exc)

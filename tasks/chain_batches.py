@@ -53,23 +53,22 @@ class ChainBatcher:
             self._open.clear()
             self._sent.clear()
             self._cond.notify()
-        for slot in waiting:
-            if not slot.done():
-                slot.set_exception(BatcherClosed("the Dask client of this build was closed"))
+        error = BatcherClosed("the Dask client of this build was closed")
+        self._settle(waiting, [None] * len(waiting), error)
 
     def _send_loop(self) -> None:
         while True:
             with self._cond:
                 while not self._open and not self._closed:
                     self._cond.wait()
-                if self._closed:
-                    return
                 deadline = time.monotonic() + self.linger
                 while len(self._open) < self.batch_size and not self._closed:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
+                if self._closed:  # close() has failed whatever was gathered
+                    return
                 batch = self._open[: self.batch_size]
                 del self._open[: self.batch_size]
                 self._sent.update(slot for _, slot in batch)
@@ -84,28 +83,34 @@ class ChainBatcher:
                 run_chains, pack([p for p, _ in batch]), pure=False, retries=1
             )
         except Exception as exc:  # a closed client: every action builds locally
-            for slot in slots:
-                slot.set_exception(exc)
+            self._settle(slots, [None] * len(slots), exc)
             return
 
-        def deliver(done) -> None:  # on the client's event loop: hand over, nothing more
-            with self._cond:
-                self._sent.difference_update(slots)
+        # Dask calls this on a thread of its own and only logs what it raises:
+        # it must settle every slot of the batch, whatever the result looks like
+        def deliver(done) -> None:
             try:
-                results = done.result()
-            except BaseException as exc:
-                results, error = [None] * len(slots), exc
+                results = list(done.result())
+                if len(results) != len(slots):
+                    raise RuntimeError(f"{len(results)} results for {len(slots)} chains")
+            except BaseException as exc:  # handed to each waiting action
+                self._settle(slots, [None] * len(slots), exc)
             else:
-                error = None
+                self._settle(slots, results, None)
+
+        future.add_done_callback(deliver)
+
+    def _settle(self, slots: list[Future], results: list, error: BaseException | None) -> None:
+        """Give each slot its result (or ``error``) once: close() and a batch may race."""
+        with self._cond:
+            self._sent.difference_update(slots)
             for slot, result in zip(slots, results, strict=True):
-                if slot.done():  # failed already by close()
+                if slot.done():
                     continue
                 if error is not None:
                     slot.set_exception(error)
                 else:
                     slot.set_result(result)
-
-        future.add_done_callback(deliver)
 
 
 class BatcherClosed(RuntimeError):
@@ -134,6 +139,7 @@ def pack(payloads: list[dict]) -> dict:
 
 
 def batcher_for(client) -> ChainBatcher:
+    """The batcher of ``client``, made on first use (one sender thread per client)."""
     with _batchers_lock:
         found = _batchers.get(id(client))
         if found is None or found.client is not client:

@@ -41,10 +41,13 @@ class CacheSession:
         self._pending: queue.SimpleQueue = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
+        self._flush_at_exit = False
+        # fetched outputs on their way to the local store: a second lookup finds them here
+        self._waiting: dict[str, dict[str, bytes]] = {}
 
     def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
         """(outputs, how): from the local store (hit), the remote (fetched), or None."""
-        found = self.local.lookup(key)
+        found = self.local.lookup(key) or self._waiting.get(key)
         if found is not None:
             return found, COMPILED if key in self.produced else HIT
         if self.remote is not None:
@@ -71,26 +74,36 @@ class CacheSession:
                     target=self._drain, name="kiln-local-store", daemon=True
                 )
                 self._writer.start()
-                atexit.register(self.flush)
-        self._pending.put((key, found, digests))
+                if not self._flush_at_exit:
+                    atexit.register(self.flush)
+                    self._flush_at_exit = True
+            # under the lock: a flush now cannot queue its end marker ahead of this
+            self._waiting[key] = found
+            self._pending.put((key, found, digests))
 
     def flush(self) -> None:
         """Wait until every fetched action handed to the writer thread is stored."""
         with self._writer_lock:
             writer, self._writer = self._writer, None
+            if writer is not None:
+                self._pending.put(None)
         if writer is not None:
-            self._pending.put(None)
             writer.join()
 
     def _drain(self) -> None:
         while (item := self._pending.get()) is not None:
             self._keep(*item)
+            self._waiting.pop(item[0], None)
 
     def _keep(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
         try:
             self.local.store(key, found, digests)  # verified on fetch: not hashed again
         except OSError as exc:
             self.store_failed(exc)
+        except Exception as exc:  # a copy the build can do without: never stop the writer
+            from kiln.logconfig import get_logger
+
+            get_logger("cache").warning("could not keep action %s locally: %s", key, exc)
 
     def store(self, key: str, outputs: dict[str, bytes]) -> None:
         digests = self.local.store(key, outputs)

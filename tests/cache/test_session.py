@@ -29,6 +29,10 @@ def _session(tmp_path, url: str) -> CacheSession:
 def test_a_fetched_action_is_in_the_local_store_once_flushed(tmp_path):
     session = _session(tmp_path, _team(tmp_path, b"edf bytes"))
     assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, FETCHED)
+    fetched = session.remote.fetched_bytes
+    # stored or still on its way to the store: either way not fetched a second time
+    assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, HIT)
+    assert session.remote.fetched_bytes == fetched
     session.flush()
     assert LocalStore(tmp_path / "local").lookup(KEY) == {"artifact": b"edf bytes"}
     assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, HIT)  # no second fetch

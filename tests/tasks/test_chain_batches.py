@@ -79,7 +79,15 @@ def test_concurrent_actions_share_batches_and_each_get_their_own_result(monkeypa
 
 
 def test_a_failed_batch_fails_every_chain_in_it(monkeypatch):
+    real = chain_worker.run_chains
+
+    def lost(batch: dict) -> list[dict]:  # the Dask task itself fails: its worker died
+        if any(c.get("fail") for c in batch["chains"]):
+            raise RuntimeError("worker lost")
+        return real(batch)
+
     monkeypatch.setattr(chain_worker, "run_chain", echo_chain)
+    monkeypatch.setattr(chain_worker, "run_chains", lost)
     batcher = ChainBatcher(FakeClient(), batch_size=2, linger=0.01)
     with pytest.raises(RuntimeError, match="worker lost"):
         batcher.run({"name": "x", "fail": True, "sources": {"k.py": b""}})
@@ -118,3 +126,23 @@ def test_closing_fails_every_waiting_chain_and_later_ones(monkeypatch):
     assert len(errors) == 1 and isinstance(errors[0], BatcherClosed)
     with pytest.raises(BatcherClosed):
         batcher.run({"name": "y"})
+
+
+def test_a_chain_that_raises_on_the_worker_fails_alone(monkeypatch):
+    def picky(payload: dict) -> dict:
+        if payload["name"] == "bad":
+            raise ImportError("a kernel module that cannot be imported")
+        return echo_chain(payload)
+
+    monkeypatch.setattr(chain_worker, "run_chain", picky)
+    names = ("a", "bad", "c")
+    results = chain_worker.run_chains(pack([{"name": n, "sources": {"k.py": b"s"}} for n in names]))
+    assert results[1] == {"outputs": []}  # rebuilt on the client, with the local diagnostic
+    assert [r["outputs"][0]["artifact"] for r in (results[0], results[2])] == [b"a|s", b"c|s"]
+
+
+def test_a_batch_with_the_wrong_number_of_results_fails_each_chain(monkeypatch):
+    monkeypatch.setattr(chain_worker, "run_chains", lambda batch: [])
+    batcher = ChainBatcher(FakeClient(), batch_size=1, linger=0.0)
+    with pytest.raises(RuntimeError, match="0 results for 1 chains"):
+        batcher.run({"name": "x", "sources": {"k.py": b""}})
