@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from pathlib import Path
@@ -114,3 +115,14 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # exists, owned by someone else
     return True
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 (hex) of a file's bytes."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def stat_identity(st: os.stat_result) -> tuple[int, int, int]:
+    """(size, mtime_ns, inode): while it holds, a file's bytes are taken as the ones last seen."""
+    return (st.st_size, st.st_mtime_ns, st.st_ino)

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from kiln.tasks.digest import stage_module_info
 
 from kiln import fsutil
-from kiln.cache.action import action_key, file_digest
+from kiln.cache.action import action_key
 from kiln.cache.config import CacheConfig
 from kiln.cache.session import COMPILED, session_for
 from kiln.cache.store import sha256
@@ -49,10 +49,9 @@ _settled: dict[str, Settled] = {}
 
 def _stat(path: str) -> tuple[int, int, int] | None:
     try:
-        st = os.stat(path)
+        return fsutil.stat_identity(os.stat(path))
     except OSError:
         return None
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 def _key_inputs_stat(spec: dict) -> tuple:
@@ -65,7 +64,7 @@ def _digest(path: str) -> str:
     known = _written.get(path)
     if known is not None and known[0] == _stat(path):
         return known[1]
-    return file_digest(path)
+    return fsutil.file_digest(path)
 
 
 def _remember(path: str, data: bytes) -> None:
@@ -82,7 +81,7 @@ def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | N
     """
     root = spec["root"]
     if "trace" in spec:
-        inputs = {_rel(p, root): file_digest(p) for p in spec.get("sources", ())}
+        inputs = {_rel(p, root): fsutil.file_digest(p) for p in spec.get("sources", ())}
         extra = {"trace": spec["trace"]}
     else:
         inputs = {"input": input_digest or _digest(spec["input"])}

@@ -12,25 +12,16 @@ sha256) after it writes them. Two readers:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 
 from kiln.errors import printable, relative_path
-from kiln.fsutil import write_bytes_atomic
+from kiln.fsutil import file_digest, stat_identity, write_bytes_atomic
 
 MANIFEST = ".kiln-manifest.json"
 FORMAT = 1
-
-
-def file_digest(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_doc(directory: str) -> dict:
@@ -114,7 +105,7 @@ def _add(
             st = os.stat(file)
             rel = os.path.relpath(file, directory)
             memo = known.get(file)
-            if memo is not None and memo[0] == (st.st_size, st.st_mtime_ns, st.st_ino):
+            if memo is not None and memo[0] == stat_identity(st):
                 digest = memo[1]
             else:
                 digest = file_digest(file)

@@ -24,6 +24,7 @@ from kiln.tasks.executor import DISTRIBUTED_HINT
 
 from kiln.cache.store import sha256
 from kiln.errors import KilnError
+from kiln.fsutil import stat_identity
 
 STALE_WORKERS_HINT = (
     "install the same Kiln version on the workers (or restart them after an upgrade)"
@@ -206,8 +207,7 @@ def source_bytes(path: str) -> bytes:
     Every instance of a kernel file sends that file: one bytes object for
     all of them lets a batch send it once (see tasks/chain_batches.py).
     """
-    st = os.stat(path)
-    stat = (st.st_size, st.st_mtime_ns, st.st_ino)
+    stat = stat_identity(os.stat(path))
     known = _sources.get(path)
     if known is not None and known[0] == stat:
         return known[1]

@@ -20,7 +20,8 @@ import os
 from kiln.tasks.compile import stage_artifact
 from kiln.tasks.digest import digest_json, stage_module_info
 
-from kiln.cache.action import action_key, file_digest
+from kiln.cache.action import action_key
+from kiln.fsutil import file_digest
 
 REPORT_OUTPUT = "report"
 # what decides a report besides the runner's own module: the oracle, the
