@@ -9,7 +9,8 @@ build with work to do forks), and forked workers share them; under the
 forkserver start method the server preloads them.
 
 ``KILN_MP_START=fork|spawn|forkserver`` picks the start method (default:
-Python's). Workers exit when the build that started them dies, so a
+Python's). Workers take their tasks from a queue kept a few jobs ahead
+(tasks/queue_ahead.py). Workers exit when the build that started them dies, so a
 killed build leaves no process behind (and none holding the project lock).
 """
 
@@ -24,6 +25,8 @@ import signal
 import sys
 import threading
 from collections.abc import Iterable
+
+from kiln.tasks.queue_ahead import use_queue_ahead_runner
 
 from kiln.errors import KilnError
 
@@ -46,6 +49,7 @@ def prepare_workers(modules: Iterable[str]) -> None:
                 found=method,
             )
         multiprocessing.set_start_method(method, force=True)
+    use_queue_ahead_runner()
     _preload[:] = list(dict.fromkeys(modules))
     if multiprocessing.get_start_method() == "forkserver":
         multiprocessing.set_forkserver_preload(list(_preload))

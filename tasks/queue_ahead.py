@@ -1,0 +1,108 @@
+"""doit's process runner, with jobs queued ahead so an `-n` worker never waits on the parent.
+
+doit's own runner hands a worker its next task only after the parent has
+read the worker's last result, saved its dependencies and picked the next
+task. Kiln's stage tasks are a few milliseconds each, so a worker spends a
+large share of an `-n 2` build idle in that round trip, the more so on a
+machine whose cores the workers themselves keep busy. This runner keeps a
+few ready tasks queued per worker: a worker that finishes one takes the
+next at once while the parent catches up.
+
+Only tasks whose dependencies have all finished are ever queued (doit's
+dispatcher decides, as before), so the order constraints, up-to-date
+checks, dependency records and reports are doit's. doit has no hook to
+choose its runner, so ``use_queue_ahead_runner`` installs this class in
+place of doit's process runner for the doit run of this process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+from doit import cmd_run
+from doit.runner import JobHold, MRunner
+
+JOBS_AHEAD_PER_WORKER = 2
+
+
+class QueueAheadRunner(MRunner):
+    """A multiprocessing runner whose job queue holds up to (1 + ahead) jobs per worker."""
+
+    # Plain pipes, written by the caller: doit's default queue hands every put to a
+    # feeder thread, which fights the parent's main thread for the GIL once per task.
+    # A put blocks only on a full pipe: the parent queues a few small jobs at most
+    # (under 1 KiB each), and it reads results all the time.
+    Queue = staticmethod(multiprocessing.SimpleQueue)
+
+    def run_tasks(self, task_dispatcher):
+        """Dispatch ready tasks to the workers, keeping the queue filled; collect results."""
+        result_q = self.Queue()
+        job_q = self.Queue()
+        self._run_tasks_init(task_dispatcher)
+        feeder = JobFeeder(self, job_q, self.num_process * (1 + JOBS_AHEAD_PER_WORKER))
+        feeder.fill(None)
+        workers = [
+            self.Child(
+                target=self.execute_task_subprocess,
+                args=(job_q, result_q, self.reporter.__class__),
+            )
+            for _ in range(min(self.num_process, max(feeder.queued, 1)))
+        ]
+        try:
+            for worker in workers:
+                worker.start()
+            while feeder.queued:
+                result = result_q.get()
+                if "exit" in result:
+                    raise result["exit"](result["exception"])
+                node = task_dispatcher.nodes[result["name"]]
+                if "reporter" in result:
+                    getattr(self.reporter, result["reporter"])(node.task)
+                    continue
+                self._process_result(node, node.task, result)
+                feeder.queued -= 1
+                feeder.fill(node)
+            for _ in workers:
+                job_q.put(None)
+        except (SystemExit, KeyboardInterrupt, Exception):
+            for worker in workers:
+                if worker.is_alive():
+                    worker.terminate()
+            raise
+        for worker in workers:
+            worker.join()
+        while not result_q.empty():  # teardown reports; safe once the workers are joined
+            result = result_q.get()
+            getattr(self.reporter, result["reporter"])(task_dispatcher.tasks[result["name"]])
+
+
+class JobFeeder:
+    """Puts ready jobs on the queue until it holds ``limit`` jobs not yet answered."""
+
+    def __init__(self, runner: MRunner, job_q, limit: int):
+        self.runner = runner
+        self.job_q = job_q
+        self.limit = limit
+        self.queued = 0
+        self.exhausted = False
+
+    def fill(self, completed) -> None:
+        """``completed``: the node whose result was just processed (None at the start)."""
+        while not self.exhausted and self.queued < self.limit:
+            job = self.runner.get_next_job(completed)
+            completed = None  # the dispatcher hears of a finished node once
+            if job is None:  # nothing left, or a failure stopped the build
+                self.exhausted = True
+            elif isinstance(job, JobHold):  # every ready task is queued: wait for a result
+                self.runner.free_proc = 0
+                break
+            else:
+                self.job_q.put(job)
+                self.queued += 1
+        if not self.queued and not self.exhausted:
+            raise RuntimeError("doit dispatcher holds tasks while none runs (a dependency cycle?)")
+
+
+def use_queue_ahead_runner() -> None:
+    """Make doit's `-n` (process) runs in this process use QueueAheadRunner."""
+    cmd_run.MRunner = QueueAheadRunner

@@ -1,0 +1,181 @@
+"""The queue-ahead `-n` runner: doit's order and results, with jobs queued before workers ask."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from doit import cmd_run
+from doit.cmd_base import ModuleTaskLoader
+from doit.doit_cmd import DoitMain
+from doit.runner import JobHold
+from kiln.tasks.queue_ahead import (
+    JOBS_AHEAD_PER_WORKER,
+    JobFeeder,
+    QueueAheadRunner,
+    use_queue_ahead_runner,
+)
+
+CHAINS, STEPS = 30, 3
+
+
+@pytest.fixture
+def queue_ahead(monkeypatch):
+    monkeypatch.setattr(cmd_run, "MRunner", cmd_run.MRunner)  # restored after the test
+    use_queue_ahead_runner()
+    assert cmd_run.MRunner is QueueAheadRunner
+
+
+def _log(path: str, line: str) -> None:
+    # one write of a short line to an O_APPEND file: lines from both workers never interleave
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def _step(log: str, name: str, fail: bool = False):
+    _log(log, f"start {name} {os.getpid()}")
+    if fail:
+        return False
+    _log(log, f"end {name}")
+    return True
+
+
+def _namespace(log: Path, failing: str = "") -> dict:
+    """CHAINS chains of STEPS tasks each, and a task that needs the last step of every chain."""
+
+    def task_step():
+        for chain in range(CHAINS):
+            for step in range(STEPS):
+                name = f"c{chain}s{step}"
+                yield {
+                    "name": name,
+                    "actions": [(_step, [str(log), name, name == failing])],
+                    "task_dep": [f"step:c{chain}s{step - 1}"] if step else [],
+                    "verbosity": 0,
+                }
+
+    def task_join():
+        return {
+            "actions": [(_step, [str(log), "join"])],
+            "task_dep": [f"step:c{chain}s{STEPS - 1}" for chain in range(CHAINS)],
+            "verbosity": 0,
+        }
+
+    return {"task_step": task_step, "task_join": task_join}
+
+
+def _run(tmp_path: Path, *args: str, failing: str = "") -> tuple[int, list[str]]:
+    log = tmp_path / "log.txt"
+    argv = ["run", "--db-file", str(tmp_path / "db"), "--backend", "json", *args, "join"]
+    rc = DoitMain(ModuleTaskLoader(_namespace(log, failing))).run(argv)
+    return rc, log.read_text().splitlines() if log.exists() else []
+
+
+def test_every_task_runs_once_after_its_dependencies(tmp_path, queue_ahead, capsys):
+    rc, lines = _run(tmp_path, "-n", "2")
+    assert rc == 0
+    starts = [line.split()[1] for line in lines if line.startswith("start")]
+    assert sorted(starts) == sorted(
+        [f"c{c}s{s}" for c in range(CHAINS) for s in range(STEPS)] + ["join"]
+    )
+    ended: set[str] = set()
+    for line in lines:
+        word, name = line.split()[:2]
+        if word == "end":
+            ended.add(name)
+            continue
+        if name == "join":
+            assert ended >= {f"c{c}s{STEPS - 1}" for c in range(CHAINS)}
+        else:
+            chain, step = name[1:].split("s")
+            if int(step):
+                assert f"c{chain}s{int(step) - 1}" in ended, f"{name} started before its input"
+    workers = {line.split()[2] for line in lines if line.startswith("start")}
+    assert 1 <= len(workers) <= 2 and str(os.getpid()) not in workers  # run in the workers
+
+
+def test_a_failed_task_stops_only_what_needs_it(tmp_path, queue_ahead, capsys):
+    rc, lines = _run(tmp_path, "-n", "2", "--continue", failing="c3s1")
+    assert rc == 2  # doit: a failure, and tasks left unrun for want of their input
+    starts = {line.split()[1] for line in lines if line.startswith("start")}
+    assert "c3s1" in starts
+    assert "c3s2" not in starts and "join" not in starts  # they need the failed task
+    assert {f"c{c}s{STEPS - 1}" for c in range(CHAINS) if c != 3} <= starts
+
+
+def test_without_continue_no_new_task_starts_after_a_failure(tmp_path, queue_ahead, capsys):
+    rc, lines = _run(tmp_path, "-n", "2", failing="c0s0")
+    assert rc == 1
+    starts = [line.split()[1] for line in lines if line.startswith("start")]
+    # still run: jobs queued when c0s0 failed, and one for each result read before its
+    # result (at most one queue's worth each); nothing after that
+    limit = 2 * (1 + JOBS_AHEAD_PER_WORKER)
+    assert len(starts) - starts.index("c0s0") - 1 <= 2 * limit
+    assert len(starts) < CHAINS * STEPS and "join" not in starts
+
+
+def test_a_second_run_sends_what_doit_finds_out_of_date(tmp_path, queue_ahead, capsys):
+    assert _run(tmp_path, "-n", "2")[0] == 0
+    (tmp_path / "log.txt").unlink()
+    rc, lines = _run(tmp_path, "-n", "2")
+    # tasks with no dependencies to check are never up to date: doit runs them all again
+    assert rc == 0 and len([x for x in lines if x.startswith("start")]) == CHAINS * STEPS + 1
+
+
+class _FakeRunner:
+    """Stands in for doit's runner: hands out a scripted list of jobs."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.completed_seen: list = []
+        self.free_proc = 0
+
+    def get_next_job(self, completed):
+        self.completed_seen.append(completed)
+        return self.script.pop(0) if self.script else None
+
+
+class _ListQueue(list):
+    put = list.append
+
+
+def test_feeder_fills_to_its_limit_and_no_further():
+    runner = _FakeRunner(["a", "b", "c", "d", "e"])
+    queue = _ListQueue()
+    feeder = JobFeeder(runner, queue, limit=3)
+    feeder.fill(None)
+    assert queue == ["a", "b", "c"] and feeder.queued == 3 and not feeder.exhausted
+    feeder.queued -= 1
+    feeder.fill("node-a")
+    assert queue == ["a", "b", "c", "d"]
+    assert runner.completed_seen == [None, None, None, "node-a"]
+
+
+def test_feeder_tells_the_dispatcher_of_a_finished_node_once():
+    runner = _FakeRunner(["a", "b"])
+    feeder = JobFeeder(runner, _ListQueue(), limit=4)
+    feeder.queued = 1
+    feeder.fill("done")
+    assert runner.completed_seen == ["done", None, None]  # the last None: nothing left
+    assert feeder.exhausted and feeder.queued == 3
+
+
+def test_feeder_stops_at_a_hold_and_resumes_on_the_next_result():
+    runner = _FakeRunner(["a", JobHold(), "b"])
+    queue = _ListQueue()
+    feeder = JobFeeder(runner, queue, limit=4)
+    feeder.fill(None)
+    assert queue == ["a"] and not feeder.exhausted
+    feeder.queued -= 1
+    feeder.fill("node-a")
+    assert queue == ["a", "b"] and feeder.exhausted
+
+
+def test_feeder_reports_a_hold_with_nothing_running():
+    feeder = JobFeeder(_FakeRunner([JobHold()]), _ListQueue(), limit=2)
+    with pytest.raises(RuntimeError, match="cycle"):
+        feeder.fill(None)
