@@ -46,7 +46,7 @@ class QueueAheadRunner(MRunner):
                 target=self.execute_task_subprocess,
                 args=(job_q, result_q, self.reporter.__class__),
             )
-            for _ in range(min(self.num_process, max(feeder.queued, 1)))
+            for _ in range(min(self.num_process, feeder.queued))  # none when all is up to date
         ]
         try:
             for worker in workers:

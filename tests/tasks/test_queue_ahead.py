@@ -179,3 +179,29 @@ def test_feeder_reports_a_hold_with_nothing_running():
     feeder = JobFeeder(_FakeRunner([JobHold()]), _ListQueue(), limit=2)
     with pytest.raises(RuntimeError, match="cycle"):
         feeder.fill(None)
+
+
+def _copy(src: str, dst: str) -> None:
+    Path(dst).write_text(Path(src).read_text())
+
+
+def test_no_worker_starts_when_everything_is_up_to_date(tmp_path, queue_ahead, monkeypatch):
+    # a worker is forked only for work: a no-op build never imports the stages
+    src = tmp_path / "src.txt"
+    src.write_text("x")
+    namespace = {
+        "task_copy": lambda: {
+            "actions": [(_copy, [str(src), str(tmp_path / "out.txt")])],
+            "file_dep": [str(src)],
+            "targets": [str(tmp_path / "out.txt")],
+        }
+    }
+    argv = ["run", "--db-file", str(tmp_path / "db"), "--backend", "json", "-n", "2"]
+    assert DoitMain(ModuleTaskLoader(namespace)).run(argv) == 0
+    assert (tmp_path / "out.txt").read_text() == "x"
+
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a worker was started for an up-to-date build")
+
+    monkeypatch.setattr(QueueAheadRunner, "Child", staticmethod(no_worker))
+    assert DoitMain(ModuleTaskLoader(namespace)).run(argv) == 0
