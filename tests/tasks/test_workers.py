@@ -5,13 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import run_kiln
 from tests.tasks.artifacts import clean_build, snapshot
 
 
-def test_parallel_build_under_spawn_matches_a_plain_build(project):
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_parallel_build_under_start_method_matches_a_plain_build(project, method):
     reference = clean_build(project)
-    proc = run_kiln(project, "compile", "-n", "2", env={"KILN_MP_START": "spawn"}, timeout=300)
+    proc = run_kiln(project, "compile", "-n", "2", env={"KILN_MP_START": method}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "20 ran, 0 up to date, 0 failed" in proc.stdout
     assert snapshot(project) == reference
