@@ -3,10 +3,16 @@
 A stage chain is about 20 ms of work on a worker, and every Dask task costs
 the client a few milliseconds of scheduling and messages, paid on the same
 two cores the workers use. doit's threads hand their chains to one batcher
-per client; a sender thread ships whatever has gathered (up to
-``BATCH_SIZE`` chains, or what arrived within ``LINGER`` seconds of the
-first) as one Dask task, and each action waits only for its own chain's
+per client, and a sender thread ships them as ``run_chains`` Dask tasks of
+up to ``BATCH_SIZE`` chains; each action waits only for its own chain's
 result. The instances of one kernel file send its bytes once per batch.
+
+When to send a batch that is not full: while the cluster has fewer than
+``AHEAD_PER_WORKER`` batches per worker to work on, at most ``LINGER``
+seconds after its first chain arrived (a hungry worker gets what there
+is); otherwise only once it is full, or when a batch comes back. Sending
+on a timer alone settled into batches of one or two chains: doit hands
+out new chains as earlier ones return, a few at a time.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import time
 from concurrent.futures import Future
 
 BATCH_SIZE = 8
-LINGER = 0.004  # seconds the first chain of a batch waits for company
+LINGER = 0.004  # seconds the first chain of a partial batch waits for company
+AHEAD_PER_WORKER = 2  # batches on the cluster per worker before a partial one waits to fill
 
 _batchers: dict[int, ChainBatcher] = {}
 _batchers_lock = threading.Lock()
@@ -25,12 +32,21 @@ _batchers_lock = threading.Lock()
 class ChainBatcher:
     """Gathers chain payloads and submits them to ``client`` as ``run_chains`` tasks."""
 
-    def __init__(self, client, batch_size: int = BATCH_SIZE, linger: float = LINGER):
+    def __init__(
+        self,
+        client,
+        batch_size: int = BATCH_SIZE,
+        linger: float = LINGER,
+        ahead: int | None = None,
+    ):
         self.client = client
         self.batch_size = batch_size
         self.linger = linger
+        self.ahead = ahead  # None: AHEAD_PER_WORKER per worker the scheduler knows
         self._open: list[tuple[dict, Future]] = []
+        self._first_at = 0.0  # when the oldest chain of ``_open`` arrived
         self._sent: set[Future] = set()  # slots of batches on the cluster, not back yet
+        self._batches_out = 0
         self._closed = False
         self._cond = threading.Condition()
         threading.Thread(target=self._send_loop, name="kiln-dask-batches", daemon=True).start()
@@ -41,6 +57,8 @@ class ChainBatcher:
         with self._cond:
             if self._closed:
                 raise BatcherClosed("the Dask client of this build is closed")
+            if not self._open:
+                self._first_at = time.monotonic()
             self._open.append((payload, slot))
             self._cond.notify()
         return slot.result()
@@ -59,20 +77,36 @@ class ChainBatcher:
     def _send_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._open and not self._closed:
-                    self._cond.wait()
-                deadline = time.monotonic() + self.linger
-                while len(self._open) < self.batch_size and not self._closed:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                while not self._closed:
+                    wait = self._wait_before_sending()
+                    if wait == 0.0:
                         break
-                    self._cond.wait(remaining)
+                    self._cond.wait(wait)
                 if self._closed:  # close() has failed whatever was gathered
                     return
                 batch = self._open[: self.batch_size]
                 del self._open[: self.batch_size]
+                self._first_at = time.monotonic()
                 self._sent.update(slot for _, slot in batch)
+                self._batches_out += 1
             self._submit(batch)
+
+    def _wait_before_sending(self) -> float | None:
+        """0.0: send a batch now; else seconds to wait (None: until notified). Under the lock."""
+        if len(self._open) >= self.batch_size:
+            return 0.0
+        if not self._open or self._batches_out >= self._ahead():
+            return None  # a new chain or a returning batch wakes the loop
+        return max(self._first_at + self.linger - time.monotonic(), 0.0)
+
+    def _ahead(self) -> int:
+        if self.ahead is not None:
+            return self.ahead
+        try:
+            workers = len(self.client.scheduler_info().get("workers", {}))
+        except Exception:  # no scheduler identity yet: assume a small cluster
+            workers = 0
+        return AHEAD_PER_WORKER * max(workers, 1)
 
     def _submit(self, batch: list[tuple[dict, Future]]) -> None:
         from kiln.tasks.chain_worker import run_chains
@@ -83,7 +117,7 @@ class ChainBatcher:
                 run_chains, pack([p for p, _ in batch]), pure=False, retries=1
             )
         except Exception as exc:  # a closed client: every action builds locally
-            self._settle(slots, [None] * len(slots), exc)
+            self._settle(slots, [None] * len(slots), exc, batch_done=True)
             return
 
         # Dask calls this on a thread of its own and only logs what it raises:
@@ -94,16 +128,28 @@ class ChainBatcher:
                 if len(results) != len(slots):
                     raise RuntimeError(f"{len(results)} results for {len(slots)} chains")
             except BaseException as exc:  # handed to each waiting action
-                self._settle(slots, [None] * len(slots), exc)
+                self._settle(slots, [None] * len(slots), exc, batch_done=True)
             else:
-                self._settle(slots, results, None)
+                self._settle(slots, results, None, batch_done=True)
 
         future.add_done_callback(deliver)
 
-    def _settle(self, slots: list[Future], results: list, error: BaseException | None) -> None:
-        """Give each slot its result (or ``error``) once: close() and a batch may race."""
+    def _settle(
+        self,
+        slots: list[Future],
+        results: list,
+        error: BaseException | None,
+        batch_done: bool = False,
+    ) -> None:
+        """Give each slot its result (or ``error``) once: close() and a batch may race.
+
+        ``batch_done``: one sent batch is back (or lost); the sender may send again.
+        """
         with self._cond:
             self._sent.difference_update(slots)
+            if batch_done:
+                self._batches_out -= 1
+                self._cond.notify()
             for slot, result in zip(slots, results, strict=True):
                 if slot.done():
                     continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -146,3 +147,69 @@ def test_a_batch_with_the_wrong_number_of_results_fails_each_chain(monkeypatch):
     batcher = ChainBatcher(FakeClient(), batch_size=1, linger=0.0)
     with pytest.raises(RuntimeError, match="0 results for 1 chains"):
         batcher.run({"name": "x", "sources": {"k.py": b""}})
+
+
+class GatedClient(FakeClient):
+    """Each batch waits on the worker until the test opens the gate."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+
+    def submit(self, fn, batch, **options):
+        def held(b):
+            assert self.gate.wait(10)
+            return fn(b)
+
+        return super().submit(held, batch, **options)
+
+
+def _start(batcher: ChainBatcher, name: str, results: dict) -> threading.Thread:
+    def action() -> None:
+        results[name] = batcher.run({"name": name, "sources": {"k.py": b"s"}})
+
+    thread = threading.Thread(target=action)
+    thread.start()
+    return thread
+
+
+def _wait_for(predicate, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_a_busy_cluster_gets_full_batches_not_a_trickle(monkeypatch):
+    monkeypatch.setattr(chain_worker, "run_chain", echo_chain)
+    client = GatedClient()
+    batcher = ChainBatcher(client, batch_size=4, linger=0.0, ahead=1)
+    results: dict = {}
+    threads = [_start(batcher, "first", results)]
+    _wait_for(lambda: len(client.batches) == 1)  # an idle cluster: sent at once, alone
+    for i in range(4):  # one at a time, while the first batch is out
+        threads.append(_start(batcher, f"g{i}", results))
+        time.sleep(0.02)
+    _wait_for(lambda: len(client.batches) == 2)
+    client.gate.set()
+    for t in threads:
+        t.join(10)
+    assert [len(b) for b in client.batches] == [1, 4]
+    assert sorted(results) == ["first", "g0", "g1", "g2", "g3"]
+
+
+def test_a_returning_batch_lets_a_partial_one_go(monkeypatch):
+    monkeypatch.setattr(chain_worker, "run_chain", echo_chain)
+    client = GatedClient()
+    batcher = ChainBatcher(client, batch_size=4, linger=0.0, ahead=1)
+    results: dict = {}
+    threads = [_start(batcher, "first", results)]
+    _wait_for(lambda: len(client.batches) == 1)
+    threads += [_start(batcher, name, results) for name in ("b", "c")]
+    time.sleep(0.05)
+    assert len(client.batches) == 1  # two chains wait: the one batch allowed out is out
+    client.gate.set()  # it comes back: the two go, without waiting for a full batch
+    for t in threads:
+        t.join(10)
+    assert [len(b) for b in client.batches] == [1, 2]
+    assert results["c"]["outputs"][0]["artifact"] == b"c|s"
