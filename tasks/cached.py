@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kiln.tasks.digest import stage_module_info
+from kiln.tasks.prefetch import Prefetcher, worth_prefetching
 
 from kiln import fsutil
 from kiln.cache.action import action_key
 from kiln.cache.config import CacheConfig
-from kiln.cache.session import COMPILED, session_for
+from kiln.cache.session import COMPILED, FETCHED, session_for
 from kiln.cache.store import sha256
 from kiln.logconfig import get_logger
 
@@ -148,7 +149,19 @@ def fetch_or_run(spec: dict, run) -> str:
         return settled.how
     session = session_for(CacheConfig(**settings))
     key = stage_key(spec)
+    prefetcher = session.prefetcher
+    if prefetcher is not None:
+        prefetcher.claim(spec)  # its chain may be on its way into the local store
     outputs, how = session.lookup(key)
+    if (
+        how == FETCHED
+        and "prefetch" in spec
+        and multiprocessing.parent_process() is None
+        and worth_prefetching(session.remote)
+    ):
+        plan = spec["prefetch"]  # a clean clone, it seems: fetch the other chains ahead
+        others = [chain for chain in plan.chains if chain is not spec["chain"]]
+        session.prefetch(lambda: Prefetcher(session, others, key_of=stage_key))
     artifact = Path(spec["artifact"])
     produced: dict[str, dict[str, bytes]] = {}
     if outputs is None and spec.get("executor"):

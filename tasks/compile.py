@@ -14,6 +14,7 @@ import os
 from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
 from kiln.tasks.executor import resolve_executor
 from kiln.tasks.manifest import clean_targets, drop_damaged
+from kiln.tasks.prefetch import ChainPlan
 from kiln.tasks.project import KernelInstance, Project
 from kiln.tasks.tuning_key import TuningKeys
 
@@ -77,6 +78,7 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     tuning_file = str(project.root / pipeline.tuning_file)
     tuning_keys = TuningKeys(project) if os.path.isfile(tuning_file) else None
     chosen = list(instances if instances is not None else project.instances)
+    plan = ChainPlan() if cache.get("enabled") and cache.get("remote") else None
     # one pass over what earlier builds wrote: a damaged artifact is removed, so it rebuilds
     drop_damaged([str(inst.out_dir) for inst in chosen], str(project.state_dir))
     out_root, state = str(project.out_dir), str(project.state_dir)
@@ -142,6 +144,9 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 }
                 parts["kernel"] = digest_json(spec["trace"])
                 spec["sources"] = list(sources)
+                if plan is not None:
+                    spec["prefetch"] = plan  # see tasks/prefetch.py
+                    plan.chains.append(chain)
                 file_dep = [*sources, stamps.path(stage.name, parts)]
             else:
                 spec["input"] = previous

@@ -44,12 +44,17 @@ class CacheSession:
         self._flush_at_exit = False
         # fetched outputs on their way to the local store: a second lookup finds them here
         self._waiting: dict[str, dict[str, bytes]] = {}
+        # fetched ahead into the local store (tasks/prefetch.py): fetches when found, not hits
+        self.prefetched: set[str] = set()
+        self.prefetcher = None
 
     def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
         """(outputs, how): from the local store (hit), the remote (fetched), or None."""
         found = self.local.lookup(key) or self._waiting.get(key)
         if found is not None:
-            return found, COMPILED if key in self.produced else HIT
+            if key in self.produced:
+                return found, COMPILED
+            return found, FETCHED if key in self.prefetched else HIT
         if self.remote is not None:
             fetched = self.remote.lookup_verified(key)
             if fetched is not None:
@@ -81,8 +86,23 @@ class CacheSession:
             self._waiting[key] = found
             self._pending.put((key, found, digests))
 
+    def keep_prefetched(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
+        """Store an action fetched ahead of its task (on a prefetch thread: at once)."""
+        self._keep(key, found, digests)
+        self.prefetched.add(key)
+
+    def prefetch(self, make) -> None:
+        """Start ``make()``, the build's prefetcher, unless one runs already."""
+        with self._writer_lock:
+            if self.prefetcher is None:
+                self.prefetcher = make()
+
     def flush(self) -> None:
-        """Wait until every fetched action handed to the writer thread is stored."""
+        """Stop fetching ahead; wait until every fetched action is in the local store."""
+        with self._writer_lock:
+            prefetcher, self.prefetcher = self.prefetcher, None
+        if prefetcher is not None:
+            prefetcher.stop()
         with self._writer_lock:
             writer, self._writer = self._writer, None
             if writer is not None:

@@ -101,9 +101,17 @@ def test_build_through_s3_then_clean_clone_fetches_everything(s3_server, tmp_pat
     assert f"(0 fetched, {TASKS} compiled)" in proc.stdout, proc.stderr
     assert len([k for k in s3_server.keys("team-cache") if k.startswith("kiln/ac/")]) == TASKS
     fresh = s3_project(tmp_path, "clone")
-    proc = run_kiln(fresh, "compile", env=env, check=True)
+    proc = run_kiln(fresh, "compile", env=dict(env, KILN_LOG_INFO="1"), check=True)
     assert f"({TASKS} fetched, 0 compiled)" in proc.stdout, proc.stderr
     assert artifacts(fresh) == artifacts(origin)
+    # S3 answers slowly enough that the clone fetched ahead (tasks/prefetch.py): every
+    # action landed in the local store, and no walk failed
+    assert "chains ahead on" in proc.stderr
+    assert "could not fetch ahead" not in proc.stderr
+    local_actions = [p for p in (fresh / ".cache" / "store" / "ac").glob("*/*") if p.is_file()]
+    assert len(local_actions) == TASKS
+    again = run_kiln(fresh, "compile", env=env, check=True)
+    assert f"0 ran, {TASKS} up to date" in again.stdout
 
 
 def test_s3_server_killed_mid_upload_build_completes_with_one_warning(s3_server, tmp_path):
