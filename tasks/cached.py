@@ -157,11 +157,12 @@ def fetch_or_run(spec: dict, run) -> str:
         how == FETCHED
         and "prefetch" in spec
         and multiprocessing.parent_process() is None
-        and worth_prefetching(session.remote)
+        and worth_prefetching(session)
     ):
         plan = spec["prefetch"]  # a clean clone, it seems: fetch the other chains ahead
         others = [chain for chain in plan.chains if chain is not spec["chain"]]
-        session.prefetch(lambda: Prefetcher(session, others, key_of=stage_key))
+        threads = session.config.prefetch_threads
+        session.prefetch(lambda: Prefetcher(session, others, key_of=stage_key, threads=threads))
     artifact = Path(spec["artifact"])
     produced: dict[str, dict[str, bytes]] = {}
     if outputs is None and spec.get("executor"):

@@ -4,7 +4,7 @@ One process fetches one action at a time and waits for each answer: from a
 shared directory that is a fraction of a millisecond, from S3 tens of
 milliseconds, so a clone of thousands of artifacts would be bound by the
 remote's latency. Once a build fetches its first action from the remote,
-``PREFETCH_THREADS`` threads walk the chains of the other instances whose
+``KILN_PREFETCH_THREADS`` threads (8 by default) walk the chains of the other instances whose
 binaries are missing, in build order. A walk fetches its chain's actions one
 stage after the other (a stage's key needs the digest of the output before
 it) into the local store. A task then finds its action there; a task whose
@@ -25,7 +25,6 @@ from collections.abc import Callable
 
 from kiln.logconfig import get_logger
 
-PREFETCH_THREADS = 8
 # Below this answer time a fetch costs less than the work of writing what it
 # brings, and threads fetching ahead only compete with the build for the
 # interpreter: a shared directory on this machine answers in about 0.2 ms,
@@ -36,9 +35,14 @@ log = get_logger("cache")
 QUEUED, RUNNING, DONE, TAKEN = "queued", "running", "done", "taken"
 
 
-def worth_prefetching(remote) -> bool:
-    """Whether ``remote`` is slow enough that fetching ahead pays (see PREFETCH_MIN_LATENCY)."""
-    return remote is not None and remote.fastest_read >= PREFETCH_MIN_LATENCY
+def worth_prefetching(session) -> bool:
+    """Whether ``session`` may fetch ahead and its remote is slow enough that it pays."""
+    remote = session.remote
+    return (
+        session.config.prefetch_threads > 0
+        and remote is not None
+        and remote.fastest_read >= PREFETCH_MIN_LATENCY
+    )
 
 
 class ChainPlan:
@@ -64,7 +68,7 @@ class Prefetcher:
         session,
         chains: list[list[dict]],
         key_of: Callable[..., str],
-        threads: int = PREFETCH_THREADS,
+        threads: int,
     ):
         self.session = session
         self._key_of = key_of

@@ -170,14 +170,21 @@ def test_a_stopped_prefetcher_starts_no_further_walk(tmp_path, session):
     }
 
 
-def test_only_a_slow_remote_is_worth_fetching_ahead():
+def test_only_a_slow_remote_is_worth_fetching_ahead(tmp_path):
+    from kiln.cache.config import CacheConfig
+
     class Remote:
         fastest_read = PREFETCH_MIN_LATENCY / 10  # a shared directory on this machine
 
-    assert not worth_prefetching(Remote())
+    session = CacheSession(CacheConfig(local_dir=str(tmp_path / "c"), prefetch_threads=8))
+    assert not worth_prefetching(session)  # no remote at all
+    session.remote = Remote()
+    assert not worth_prefetching(session)
     Remote.fastest_read = PREFETCH_MIN_LATENCY * 10  # S3
-    assert worth_prefetching(Remote())
-    assert not worth_prefetching(None)
+    assert worth_prefetching(session)
+    off = CacheSession(CacheConfig(local_dir=str(tmp_path / "c"), prefetch_threads=0))
+    off.remote = Remote()
+    assert not worth_prefetching(off)  # KILN_PREFETCH_THREADS=0
 
 
 def test_a_local_hit_is_still_a_hit(tmp_path, session):
