@@ -12,7 +12,9 @@ Side by side, in one run, on a generated project of gemm kernels (a cold
 - a clean clone with a warm remote (shared directory, filled by a build of
   its own) vs a local no-op build, each the median of 3; targets: 0
   compiled, wall time at most 3x the no-op;
-- bytes uploaded and fetched, and the clone's hit rate.
+- bytes uploaded and fetched, and the clone's hit rate;
+- a clean clone from moto's S3 server (when installed), one action at a
+  time (``KILN_PREFETCH_THREADS=0``) vs fetching ahead; not judged.
 
     python benchmarks/scale_out.py [--kernels 512] [--size 192] [--dir DIR] [--quick]
 
@@ -150,6 +152,61 @@ def external_cluster(project: Path) -> float:
             proc.wait(timeout=30)
 
 
+S3_KERNELS = 64
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def s3_clone(base: Path, size: int, kernels: int = S3_KERNELS) -> tuple[float, float] | None:
+    """(seconds one action at a time, seconds fetching ahead) of a clone from moto's S3 server.
+
+    None when moto's server is not installed. Not judged: moto serves from one
+    Python process on the build's own cores, so it flatters neither number.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("moto") is None or importlib.util.find_spec("s3fs") is None:
+        return None
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    abort("moto's S3 server did not start")
+                time.sleep(0.1)
+        import boto3
+
+        creds = {k.lower(): v for k, v in S3_ENV.items() if k != "AWS_DEFAULT_REGION"}
+        boto3.client("s3", endpoint_url=url, region_name="us-east-1", **creds).create_bucket(
+            Bucket="bench"
+        )
+        env = dict(S3_ENV, KILN_S3_ENDPOINT_URL=url, KILN_REMOTE_CACHE="s3://bench/kiln")
+        kiln(fresh(base, "s3-upload", kernels, size), "compile", env=env)
+        one_at_a_time, _ = kiln(
+            fresh(base, "s3-clone-serial", kernels, size),
+            "compile",
+            env=dict(env, KILN_PREFETCH_THREADS="0"),
+        )
+        ahead, _ = kiln(fresh(base, "s3-clone-ahead", kernels, size), "compile", env=env)
+        return one_at_a_time, ahead
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", type=int, default=512)
@@ -177,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             fresh(base, "dask", kernels, size), "compile", "--executor", "dask", "-n", "2"
         )
         t_cluster = external_cluster(fresh(base, "cluster", kernels, size))
+        s3 = s3_clone(base, size, 2 if args.quick else S3_KERNELS)
         # both short and noisy: the median of CLONE_RUNS each, interleaved
         noops, clones = [], []
         for run in range(1 if args.quick else CLONE_RUNS):
@@ -219,6 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{targets.judge('clean clone', clone_ratio <= CLONE_TARGET and compiled == 0)}"
     )
     print(f"bytes uploaded: {uploaded}, bytes fetched: {downloaded}, hit rate: {hit_rate:.0%}")
+    if s3 is None:
+        print("clean clone from S3: not measured (needs moto[server] and s3fs)")
+    else:
+        print(
+            f"clean clone from S3 (moto server, {2 if args.quick else S3_KERNELS} kernels): "
+            f"{s3[0]:.2f} s one action at a time, {s3[1]:.2f} s fetching ahead "
+            f"({s3[0] / s3[1]:.2f}x)"
+        )
     return targets.finish()
 
 
