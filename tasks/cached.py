@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kiln.tasks.digest import stage_module_info
-from kiln.tasks.prefetch import Prefetcher, worth_prefetching
+from kiln.tasks.prefetch import Prefetcher, chain_id, worth_prefetching
 
 from kiln import fsutil
 from kiln.cache.action import action_key
@@ -149,20 +149,21 @@ def fetch_or_run(spec: dict, run) -> str:
         return settled.how
     session = session_for(CacheConfig(**settings))
     key = stage_key(spec)
-    prefetcher = session.prefetcher
-    if prefetcher is not None:
-        prefetcher.claim(spec)  # its chain may be on its way into the local store
+    if session.remote is not None:
+        session.claim(chain_id(spec))  # a chain fetched ahead is waited for, not fetched twice
     outputs, how = session.lookup(key)
     if (
         how == FETCHED
         and "prefetch" in spec
+        and session.prefetcher is None
         and multiprocessing.parent_process() is None
         and worth_prefetching(session)
     ):
-        plan = spec["prefetch"]  # a clean clone, it seems: fetch the other chains ahead
-        others = [chain for chain in plan.chains if chain is not spec["chain"]]
-        threads = session.config.prefetch_threads
-        session.prefetch(lambda: Prefetcher(session, others, key_of=stage_key, threads=threads))
+        # a clean clone from a slow remote, it seems: fetch the other chains ahead
+        chains, threads = spec["prefetch"].chains, session.config.prefetch_threads
+        session.prefetch(
+            lambda taken: Prefetcher(session, chains, stage_key, threads=threads, taken=taken)
+        )
     artifact = Path(spec["artifact"])
     produced: dict[str, dict[str, bytes]] = {}
     if outputs is None and spec.get("executor"):

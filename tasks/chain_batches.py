@@ -24,6 +24,7 @@ from concurrent.futures import Future
 BATCH_SIZE = 8
 LINGER = 0.004  # seconds the first chain of a partial batch waits for company
 AHEAD_PER_WORKER = 2  # batches on the cluster per worker before a partial one waits to fill
+WORKERS_REFRESH = 1.0  # seconds between asking the scheduler how many workers it has
 
 _batchers: dict[int, ChainBatcher] = {}
 _batchers_lock = threading.Lock()
@@ -47,6 +48,8 @@ class ChainBatcher:
         self._first_at = 0.0  # when the oldest chain of ``_open`` arrived
         self._sent: set[Future] = set()  # slots of batches on the cluster, not back yet
         self._batches_out = 0
+        self._workers = 1  # the cluster's, as last asked (by the sender thread only)
+        self._workers_at = float("-inf")
         self._closed = False
         self._cond = threading.Condition()
         threading.Thread(target=self._send_loop, name="kiln-dask-batches", daemon=True).start()
@@ -76,9 +79,10 @@ class ChainBatcher:
 
     def _send_loop(self) -> None:
         while True:
+            ahead = self._ahead()  # outside the lock: it may ask the scheduler
             with self._cond:
                 while not self._closed:
-                    wait = self._wait_before_sending()
+                    wait = self._wait_before_sending(ahead)
                     if wait == 0.0:
                         break
                     self._cond.wait(wait)
@@ -91,22 +95,32 @@ class ChainBatcher:
                 self._batches_out += 1
             self._submit(batch)
 
-    def _wait_before_sending(self) -> float | None:
+    def queued(self) -> int:
+        """Chains gathered and not sent yet."""
+        with self._cond:
+            return len(self._open)
+
+    def _wait_before_sending(self, ahead: int) -> float | None:
         """0.0: send a batch now; else seconds to wait (None: until notified). Under the lock."""
         if len(self._open) >= self.batch_size:
             return 0.0
-        if not self._open or self._batches_out >= self._ahead():
+        if not self._open or self._batches_out >= ahead:
             return None  # a new chain or a returning batch wakes the loop
         return max(self._first_at + self.linger - time.monotonic(), 0.0)
 
     def _ahead(self) -> int:
+        """How many batches may be out before a partial one waits to fill."""
         if self.ahead is not None:
             return self.ahead
-        try:
-            workers = len(self.client.scheduler_info().get("workers", {}))
-        except Exception:  # no scheduler identity yet: assume a small cluster
-            workers = 0
-        return AHEAD_PER_WORKER * max(workers, 1)
+        now = time.monotonic()
+        if now - self._workers_at >= WORKERS_REFRESH:
+            # a synchronous client asks the scheduler: once a second, not once a batch
+            self._workers_at = now
+            try:
+                self._workers = max(len(self.client.scheduler_info().get("workers", {})), 1)
+            except Exception:  # no answer: keep the last count
+                pass
+        return AHEAD_PER_WORKER * self._workers
 
     def _submit(self, batch: list[tuple[dict, Future]]) -> None:
         from kiln.tasks.chain_worker import run_chains

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from kiln.logconfig import get_logger
@@ -30,6 +31,8 @@ from kiln.logconfig import get_logger
 # interpreter: a shared directory on this machine answers in about 0.2 ms,
 # and prefetching from it made a clone half as slow again.
 PREFETCH_MIN_LATENCY = 0.002
+PREFETCH_MIN_READS = 3  # judged on the quickest of a few answers, not the first alone
+STOP_WAIT = 2.0  # seconds the end of a build waits for walks under way
 log = get_logger("cache")
 
 QUEUED, RUNNING, DONE, TAKEN = "queued", "running", "done", "taken"
@@ -41,6 +44,8 @@ def worth_prefetching(session) -> bool:
     return (
         session.config.prefetch_threads > 0
         and remote is not None
+        and not remote.broken
+        and remote.reads >= PREFETCH_MIN_READS
         and remote.fastest_read >= PREFETCH_MIN_LATENCY
     )
 
@@ -69,11 +74,14 @@ class Prefetcher:
         chains: list[list[dict]],
         key_of: Callable[..., str],
         threads: int,
+        taken: set[str] = frozenset(),
     ):
         self.session = session
         self._key_of = key_of
         self._chains = chains
-        self._state = {_chain_id(chain): QUEUED for chain in chains}
+        self._state = {chain_id(chain[0]): QUEUED for chain in chains}
+        for name in taken:  # their tasks fetch them
+            self._state[name] = TAKEN
         self._next = 0
         self._stopped = False
         self._cond = threading.Condition()
@@ -90,30 +98,36 @@ class Prefetcher:
         for thread in self._threads:
             thread.start()
 
-    def claim(self, spec: dict) -> None:
-        """Before a task looks up ``spec``: wait for its chain's walk, or take a queued one back."""
-        chain = spec.get("chain")
-        if not chain:
-            return
-        chain_id = _chain_id(chain)
+    def claim(self, chain: str) -> None:
+        """Before a task looks up a stage of ``chain``: wait for its walk, or take it back."""
         with self._cond:
-            state = self._state.get(chain_id)
+            state = self._state.get(chain)
             if state == QUEUED:
-                self._state[chain_id] = TAKEN
+                self._state[chain] = TAKEN
             while state == RUNNING:
                 self._cond.wait()
-                state = self._state.get(chain_id)
+                state = self._state.get(chain)
 
     def idle(self) -> bool:
         """Whether every walk has ended (or will never start)."""
         return not any(thread.is_alive() for thread in self._threads)
 
-    def stop(self) -> None:
-        """Start no further walk; wait for those under way (each bounded by the remote timeout)."""
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def stop(self, wait: float = STOP_WAIT) -> None:
+        """Start no further walk; give those under way ``wait`` seconds to end.
+
+        A walk ends after its current read; one stuck on a dead remote (up to
+        the remote's timeout) is left behind: its threads are daemons, and
+        everything it writes is written atomically.
+        """
         with self._cond:
             self._stopped = True
+        deadline = time.monotonic() + wait
         for thread in self._threads:
-            thread.join()
+            thread.join(max(deadline - time.monotonic(), 0.0))
 
     def _work(self) -> None:
         while True:
@@ -127,20 +141,20 @@ class Prefetcher:
                 log.warning("could not fetch ahead for %s: %s", chain[0]["instance"], exc)
             finally:
                 with self._cond:
-                    self._state[_chain_id(chain)] = DONE
+                    self._state[chain_id(chain[0])] = DONE
                     self._cond.notify_all()
 
     def _take_next(self) -> list[dict] | None:
         while not self._stopped and self._next < len(self._chains):
             chain = self._chains[self._next]
             self._next += 1
-            chain_id = _chain_id(chain)
-            if self._state[chain_id] != QUEUED:
+            name = chain_id(chain[0])
+            if self._state[name] != QUEUED:
                 continue
             if os.path.exists(chain[-1]["artifact"]):
-                self._state[chain_id] = DONE  # built before: doit decides whether it reruns
+                self._state[name] = DONE  # built before: doit decides whether it reruns
                 continue
-            self._state[chain_id] = RUNNING
+            self._state[name] = RUNNING
             return chain
         return None
 
@@ -159,6 +173,8 @@ class Prefetcher:
             if digests is None:
                 fetched = remote.lookup_verified(key)
                 if fetched is None:
+                    if not remote.broken:
+                        session.missing_remotely.add(key)  # its task need not ask again
                     return
                 found, digests = fetched
                 session.keep_prefetched(key, found, digests)
@@ -169,5 +185,7 @@ class Prefetcher:
                 graph_digest = input_digest  # the traced graph: what the binary records
 
 
-def _chain_id(chain: list[dict]) -> str:
-    return chain[0]["artifact"]
+def chain_id(spec: dict) -> str | None:
+    """The name of the chain ``spec`` belongs to (its first stage's artifact), if any."""
+    chain = spec.get("chain")
+    return chain[0]["artifact"] if chain else None

@@ -18,6 +18,7 @@ place of doit's process runner for the doit run of this process.
 from __future__ import annotations
 
 import multiprocessing
+import queue
 
 from doit import cmd_run
 from doit.runner import JobHold, MRunner
@@ -28,25 +29,28 @@ JOBS_AHEAD_PER_WORKER = 2
 class QueueAheadRunner(MRunner):
     """A multiprocessing runner whose job queue holds up to (1 + ahead) jobs per worker."""
 
-    # Plain pipes, written by the caller: doit's default queue hands every put to a
-    # feeder thread, which fights the parent's main thread for the GIL once per task.
-    # A put blocks only on a full pipe: the parent queues a few small jobs at most
-    # (under 1 KiB each), and it reads results all the time.
-    Queue = staticmethod(multiprocessing.SimpleQueue)
-
     def run_tasks(self, task_dispatcher):
         """Dispatch ready tasks to the workers, keeping the queue filled; collect results."""
-        result_q = self.Queue()
+        # Results come back over a plain pipe, written by the worker itself: doit's queue
+        # hands every message to a feeder thread, which in the parent fights the main
+        # thread for the GIL several times per task. A worker's write blocks only until
+        # the parent reads, which it always does. Jobs keep doit's queue: the parent
+        # never blocks on a put, so however many jobs wait, results are read.
+        result_q = multiprocessing.SimpleQueue()
         job_q = self.Queue()
-        self._run_tasks_init(task_dispatcher)
+        self.task_dispatcher = task_dispatcher
+        self.tasks = task_dispatcher.tasks
         feeder = JobFeeder(self, job_q, self.num_process * (1 + JOBS_AHEAD_PER_WORKER))
         feeder.fill(None)
+        # every worker, unless all there is to do is queued already: more tasks get
+        # ready as these finish (none at all when everything is up to date)
+        count = min(self.num_process, feeder.queued) if feeder.exhausted else self.num_process
         workers = [
             self.Child(
                 target=self.execute_task_subprocess,
                 args=(job_q, result_q, self.reporter.__class__),
             )
-            for _ in range(min(self.num_process, feeder.queued))  # none when all is up to date
+            for _ in range(count)
         ]
         try:
             for worker in workers:
@@ -59,8 +63,10 @@ class QueueAheadRunner(MRunner):
                 if "reporter" in result:
                     getattr(self.reporter, result["reporter"])(node.task)
                     continue
-                self._process_result(node, node.task, result)
+                self._take_result(node, result)
                 feeder.queued -= 1
+                if self._stop_running:  # a failure without --continue: run nothing more
+                    feeder.take_back_queued()
                 feeder.fill(node)
             for _ in workers:
                 job_q.put(None)
@@ -74,6 +80,14 @@ class QueueAheadRunner(MRunner):
         while not result_q.empty():  # teardown reports; safe once the workers are joined
             result = result_q.get()
             getattr(self.reporter, result["reporter"])(task_dispatcher.tasks[result["name"]])
+
+    def _take_result(self, node, result: dict) -> None:
+        """A worker's result into the parent's task, then doit's bookkeeping for it."""
+        task = node.task
+        task.update_from_pickle(result["task"])
+        for action, out, err in zip(task.actions, result["out"], result["err"], strict=True):
+            action.out, action.err = out, err
+        self.process_task_result(node, result.get("failure"))
 
 
 class JobFeeder:
@@ -101,6 +115,16 @@ class JobFeeder:
                 self.queued += 1
         if not self.queued and not self.exhausted:
             raise RuntimeError("doit dispatcher holds tasks while none runs (a dependency cycle?)")
+
+    def take_back_queued(self) -> None:
+        """Remove the jobs no worker has taken yet (they are not run)."""
+        self.exhausted = True
+        while self.queued:
+            try:
+                self.job_q.get(timeout=0.05)  # a job still on its way into the pipe, too
+            except queue.Empty:
+                return
+            self.queued -= 1
 
 
 def use_queue_ahead_runner() -> None:

@@ -46,7 +46,9 @@ class CacheSession:
         self._waiting: dict[str, dict[str, bytes]] = {}
         # fetched ahead into the local store (tasks/prefetch.py): fetches when found, not hits
         self.prefetched: set[str] = set()
+        self.missing_remotely: set[str] = set()  # keys a walk found nowhere: not asked again
         self.prefetcher = None
+        self._claimed: set[str] = set()  # chains tasks took before the prefetcher started
 
     def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
         """(outputs, how): from the local store (hit), the remote (fetched), or None."""
@@ -55,7 +57,7 @@ class CacheSession:
             if key in self.produced:
                 return found, COMPILED
             return found, FETCHED if key in self.prefetched else HIT
-        if self.remote is not None:
+        if self.remote is not None and key not in self.missing_remotely:
             fetched = self.remote.lookup_verified(key)
             if fetched is not None:
                 self.keep_fetched(key, *fetched)
@@ -88,14 +90,25 @@ class CacheSession:
 
     def keep_prefetched(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
         """Store an action fetched ahead of its task (on a prefetch thread: at once)."""
+        self.prefetched.add(key)  # first: a lookup that finds it stored counts a fetch
         self._keep(key, found, digests)
-        self.prefetched.add(key)
+
+    def claim(self, chain: str | None) -> None:
+        """A task is about to look up the chain named ``chain``: the prefetcher leaves it."""
+        if chain is None:
+            return
+        with self._writer_lock:
+            prefetcher = self.prefetcher
+            if prefetcher is None:
+                self._claimed.add(chain)
+                return
+        prefetcher.claim(chain)  # outside the lock: it may wait for the chain's walk
 
     def prefetch(self, make) -> None:
-        """Start ``make()``, the build's prefetcher, unless one runs already."""
+        """Start ``make(chains already claimed)``, the build's prefetcher, once."""
         with self._writer_lock:
             if self.prefetcher is None:
-                self.prefetcher = make()
+                self.prefetcher = make(set(self._claimed))
 
     def flush(self) -> None:
         """Stop fetching ahead; wait until every fetched action is in the local store."""

@@ -206,7 +206,7 @@ def test_a_returning_batch_lets_a_partial_one_go(monkeypatch):
     threads = [_start(batcher, "first", results)]
     _wait_for(lambda: len(client.batches) == 1)
     threads += [_start(batcher, name, results) for name in ("b", "c")]
-    time.sleep(0.05)
+    _wait_for(lambda: batcher.queued() == 2)
     assert len(client.batches) == 1  # two chains wait: the one batch allowed out is out
     client.gate.set()  # it comes back: the two go, without waiting for a full batch
     for t in threads:

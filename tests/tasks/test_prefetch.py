@@ -7,7 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
-from kiln.tasks.prefetch import PREFETCH_MIN_LATENCY, Prefetcher, worth_prefetching
+from kiln.tasks.prefetch import (
+    PREFETCH_MIN_LATENCY,
+    PREFETCH_MIN_READS,
+    Prefetcher,
+    chain_id,
+    worth_prefetching,
+)
 
 from kiln.cache.session import FETCHED, HIT, CacheSession
 from kiln.cache.store import sha256
@@ -21,7 +27,7 @@ class SlowRemote:
         self.delay = delay
         self.broken = False
         self.fastest_read = delay
-        self.reads: list[str] = []
+        self.asked: list[str] = []
         self.in_flight = self.most_in_flight = 0
         self.lock = threading.Lock()
         self.gate = threading.Event()
@@ -29,7 +35,7 @@ class SlowRemote:
 
     def lookup_verified(self, key: str):
         with self.lock:
-            self.reads.append(key)
+            self.asked.append(key)
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
         assert self.gate.wait(10)
@@ -83,26 +89,27 @@ def session(tmp_path):
 def test_chains_are_fetched_side_by_side_into_the_local_store(tmp_path, session):
     chains = make_chains(tmp_path, 12)
     session.remote = SlowRemote(entries_for(chains))
-    prefetcher = Prefetcher(session, chains, key_of=key_of, threads=4)
+    prefetcher = Prefetcher(session, chains, key_of, threads=4)
     _wait(prefetcher.idle)
     assert session.remote.most_in_flight == 4  # four reads waited side by side
     stored = {key for key in entries_for(chains) if session.local.get_action(key)}
     assert stored == session.prefetched == set(entries_for(chains))
 
 
-def test_every_chain_is_walked_to_its_end_when_nobody_stops_it(tmp_path, session):
+def test_every_chain_is_walked_to_its_end_and_found_by_its_task(tmp_path, session):
     chains = make_chains(tmp_path, 6)
     entries = entries_for(chains)
     session.remote = SlowRemote(entries, delay=0.001)
-    prefetcher = Prefetcher(session, chains, key_of=key_of, threads=3)
+    prefetcher = Prefetcher(session, chains, key_of, threads=3)
+    _wait(prefetcher.idle)
+    assert session.prefetched == set(entries)
+    assert sorted(session.remote.asked) == sorted(entries)  # each action read once
     for chain in chains:
-        prefetcher.claim(chain[-1])  # waits while a walk is under way
-    _wait(lambda: session.prefetched == set(entries) or prefetcher.idle())
-    prefetcher.stop()
+        prefetcher.claim(chain_id(chain[-1]))  # done: returns at once
     # a task finds its action locally, and counts it as fetched (not a local hit)
     key = key_of(chains[5][0])
     assert session.lookup(key) == (entries[key], FETCHED)
-    assert sorted(session.remote.reads) == sorted(set(session.remote.reads))  # none twice
+    assert len(session.remote.asked) == len(entries)  # the task did not ask the remote
 
 
 def _wait(predicate, seconds: float = 10.0) -> None:
@@ -116,14 +123,18 @@ def test_a_queued_chain_is_taken_back_by_its_task(tmp_path, session):
     chains = make_chains(tmp_path, 5)
     remote = session.remote = SlowRemote(entries_for(chains))
     remote.gate.clear()  # the one thread is stuck on chain 0
-    prefetcher = Prefetcher(session, chains, key_of=key_of, threads=1)
-    _wait(lambda: remote.reads)
-    prefetcher.claim(chains[3][0])  # queued: its task fetches it itself
+    prefetcher = Prefetcher(session, chains, key_of, threads=1)
+    _wait(lambda: remote.asked)
+    prefetcher.claim(chain_id(chains[3][0]))  # queued: its task fetches it itself
     remote.gate.set()
-    prefetcher.claim(chains[0][0])  # running: waits for the walk to finish
+    prefetcher.claim(chain_id(chains[0][0]))  # running: waits for the walk to finish
     assert session.local.get_action(key_of(chains[0][2], _digest_of(chains[0][1])))
-    prefetcher.stop()
-    assert not any(r.startswith(chains[3][0]["artifact"]) for r in remote.reads)
+    _wait(prefetcher.idle)
+    assert {_chain_of(r) for r in remote.asked} == {"k0", "k1", "k2", "k4"}  # never k3
+
+
+def _chain_of(key: str) -> str:
+    return Path(key.split("<-")[0]).parent.name
 
 
 def _digest_of(spec: dict) -> str:
@@ -134,10 +145,14 @@ def test_a_walk_stops_at_the_first_stage_the_remote_lacks(tmp_path, session):
     chains = make_chains(tmp_path, 1, stages=4)
     entries = entries_for(chains, missing_stage=2)
     session.remote = SlowRemote(entries, delay=0.001)
-    prefetcher = Prefetcher(session, chains, key_of=key_of, threads=1)
+    prefetcher = Prefetcher(session, chains, key_of, threads=1)
     _wait(prefetcher.idle)
     assert session.prefetched == set(entries)  # stages 0 and 1
-    assert len(session.remote.reads) == 3  # 0, 1, and the miss; never stage 3
+    assert len(session.remote.asked) == 3  # 0, 1, and the miss; never stage 3
+    missed = session.remote.asked[-1]
+    assert session.missing_remotely == {missed}
+    assert session.lookup(missed) == (None, "compiled")  # its task does not ask again
+    assert len(session.remote.asked) == 3
 
 
 def test_built_chains_and_dump_stages_are_not_fetched(tmp_path, session):
@@ -147,7 +162,7 @@ def test_built_chains_and_dump_stages_are_not_fetched(tmp_path, session):
     built.write_bytes(b"built before")
     chains[1][1]["dumps"] = [("visa", "out.visa")]  # its own task runs it, always
     session.remote = SlowRemote(entries_for(chains), delay=0.001)
-    prefetcher = Prefetcher(session, chains, key_of=key_of, threads=2)
+    prefetcher = Prefetcher(session, chains, key_of, threads=2)
     _wait(prefetcher.idle)
     assert session.prefetched == {key_of(chains[1][0])}
 
@@ -156,18 +171,25 @@ def test_a_stopped_prefetcher_starts_no_further_walk(tmp_path, session):
     chains = make_chains(tmp_path, 20)
     remote = session.remote = SlowRemote(entries_for(chains), delay=0.005)
     remote.gate.clear()
-    prefetcher = Prefetcher(session, chains, key_of=key_of, threads=2)
-    _wait(lambda: len(remote.reads) == 2)
-    stopper = threading.Thread(target=prefetcher.stop)
+    prefetcher = Prefetcher(session, chains, key_of, threads=2)
+    _wait(lambda: len(remote.asked) == 2)
+    stopper = threading.Thread(target=prefetcher.stop, kwargs={"wait": 10.0})
     stopper.start()
-    time.sleep(0.05)
+    _wait(lambda: prefetcher.stopped)
     remote.gate.set()
     stopper.join(10)
-    assert not stopper.is_alive()
-    assert {r.split("/s")[0] for r in remote.reads} == {
-        chains[0][0]["artifact"].split("/s")[0],
-        chains[1][0]["artifact"].split("/s")[0],
-    }
+    assert not stopper.is_alive() and prefetcher.idle()
+    assert {_chain_of(r) for r in remote.asked} == {"k0", "k1"}
+
+
+def test_chains_taken_before_the_start_are_left_to_their_tasks(tmp_path, session):
+    chains = make_chains(tmp_path, 3)
+    session.remote = SlowRemote(entries_for(chains), delay=0.001)
+    prefetcher = Prefetcher(
+        session, chains, key_of=key_of, threads=2, taken={chain_id(chains[1][0])}
+    )
+    _wait(prefetcher.idle)
+    assert {_chain_of(r) for r in session.remote.asked} == {"k0", "k2"}
 
 
 def test_only_a_slow_remote_is_worth_fetching_ahead(tmp_path):
@@ -175,6 +197,8 @@ def test_only_a_slow_remote_is_worth_fetching_ahead(tmp_path):
 
     class Remote:
         fastest_read = PREFETCH_MIN_LATENCY / 10  # a shared directory on this machine
+        reads = PREFETCH_MIN_READS
+        broken = False
 
     session = CacheSession(CacheConfig(local_dir=str(tmp_path / "c"), prefetch_threads=8))
     assert not worth_prefetching(session)  # no remote at all
@@ -182,6 +206,10 @@ def test_only_a_slow_remote_is_worth_fetching_ahead(tmp_path):
     assert not worth_prefetching(session)
     Remote.fastest_read = PREFETCH_MIN_LATENCY * 10  # S3
     assert worth_prefetching(session)
+    Remote.reads = PREFETCH_MIN_READS - 1
+    assert not worth_prefetching(session)  # too early to tell
+    Remote.reads, Remote.broken = PREFETCH_MIN_READS, True
+    assert not worth_prefetching(session)  # down: nothing to fetch
     off = CacheSession(CacheConfig(local_dir=str(tmp_path / "c"), prefetch_threads=0))
     off.remote = Remote()
     assert not worth_prefetching(off)  # KILN_PREFETCH_THREADS=0

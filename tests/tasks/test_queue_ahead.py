@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -205,3 +206,30 @@ def test_no_worker_starts_when_everything_is_up_to_date(tmp_path, queue_ahead, m
 
     monkeypatch.setattr(QueueAheadRunner, "Child", staticmethod(no_worker))
     assert DoitMain(ModuleTaskLoader(namespace)).run(argv) == 0
+
+
+def _leaf(log: str, name: str) -> None:
+    _log(log, f"start {name} {os.getpid()}")
+    time.sleep(0.05)  # long enough that one worker cannot take every leaf alone
+
+
+def test_every_worker_starts_even_when_one_task_is_ready_at_first(tmp_path, queue_ahead):
+    # a single root: only one job can be queued at the start, yet 8 leaves follow it
+    log = str(tmp_path / "log.txt")
+    namespace = {
+        "task_root": lambda: {"actions": [(_log, [log, f"start root {0}"])], "verbosity": 0},
+        "task_leaf": lambda: (
+            {
+                "name": f"l{i}",
+                "actions": [(_leaf, [log, f"l{i}"])],
+                "task_dep": ["root"],
+                "verbosity": 0,
+            }
+            for i in range(8)
+        ),
+    }
+    argv = ["run", "--db-file", str(tmp_path / "db"), "--backend", "json", "-n", "2", "leaf"]
+    assert DoitMain(ModuleTaskLoader(namespace)).run(argv) == 0
+    lines = Path(log).read_text().splitlines()
+    leaf_workers = {line.split()[2] for line in lines if line.startswith("start l")}
+    assert len(leaf_workers) == 2, lines
