@@ -49,6 +49,9 @@ def run_chains(batch: dict) -> list[dict]:
     chains point at theirs by index (``sources_index``): the instances of
     one kernel file share the bytes instead of carrying a copy each.
     """
+    from kiln.tasks.workers import make_full_collections_rare
+
+    make_full_collections_rare()  # a long-lived Dask worker: see tasks/workers.py
     results = []
     for payload in batch["chains"]:
         index = payload.get("sources_index")

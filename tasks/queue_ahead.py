@@ -18,7 +18,6 @@ place of doit's process runner for the doit run of this process.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 
 from doit import cmd_run
 from doit.runner import JobHold, MRunner
@@ -31,13 +30,13 @@ class QueueAheadRunner(MRunner):
 
     def run_tasks(self, task_dispatcher):
         """Dispatch ready tasks to the workers, keeping the queue filled; collect results."""
-        # Results come back over a plain pipe, written by the worker itself: doit's queue
-        # hands every message to a feeder thread, which in the parent fights the main
-        # thread for the GIL several times per task. A worker's write blocks only until
-        # the parent reads, which it always does. Jobs keep doit's queue: the parent
-        # never blocks on a put, so however many jobs wait, results are read.
-        result_q = multiprocessing.SimpleQueue()
-        job_q = self.Queue()
+        # Jobs go over a plain pipe, written by the parent itself: doit's queue hands
+        # every put to a feeder thread, which fights the parent's main thread for the
+        # GIL on every task. A full pipe can block that write only while the workers are
+        # busy, and they never block in turn: results keep doit's queue, whose feeder
+        # thread (in the worker) takes them whether or not the parent is reading.
+        job_q = multiprocessing.SimpleQueue()
+        result_q = self.Queue()
         self.task_dispatcher = task_dispatcher
         self.tasks = task_dispatcher.tasks
         feeder = JobFeeder(self, job_q, self.num_process * (1 + JOBS_AHEAD_PER_WORKER))
@@ -65,8 +64,8 @@ class QueueAheadRunner(MRunner):
                     continue
                 self._take_result(node, result)
                 feeder.queued -= 1
-                if self._stop_running:  # a failure without --continue: run nothing more
-                    feeder.take_back_queued()
+                # after a failure without --continue doit hands out nothing more: the
+                # few jobs already queued (two per worker at most) still run
                 feeder.fill(node)
             for _ in workers:
                 job_q.put(None)
@@ -115,16 +114,6 @@ class JobFeeder:
                 self.queued += 1
         if not self.queued and not self.exhausted:
             raise RuntimeError("doit dispatcher holds tasks while none runs (a dependency cycle?)")
-
-    def take_back_queued(self) -> None:
-        """Remove the jobs no worker has taken yet (they are not run)."""
-        self.exhausted = True
-        while self.queued:
-            try:
-                self.job_q.get(timeout=0.05)  # a job still on its way into the pipe, too
-            except queue.Empty:
-                return
-            self.queued -= 1
 
 
 def use_queue_ahead_runner() -> None:

@@ -50,6 +50,7 @@ def prepare_workers(modules: Iterable[str]) -> None:
             )
         multiprocessing.set_start_method(method, force=True)
     use_queue_ahead_runner()
+    make_full_collections_rare()  # forked workers inherit it
     _preload[:] = list(dict.fromkeys(modules))
     if multiprocessing.get_start_method() == "forkserver":
         multiprocessing.set_forkserver_preload(list(_preload))
@@ -91,6 +92,23 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+FULL_COLLECTION_EVERY = 1000  # young-generation collections per full one (Python's: 10)
+
+
+def make_full_collections_rare() -> None:
+    """Raise the garbage collector's full-collection threshold for this build process.
+
+    Stages make many short-lived objects, freed by reference counting, and each
+    full collection walks every live object (numpy, the stages, doit's tasks):
+    with Python's thresholds they took about a quarter of a cold `-n 1` build
+    (11 s against 7.6 s). Young collections run as often as before, so cycles
+    among new objects are still freed at once; a user's own higher setting stays.
+    """
+    young, middle, full = gc.get_threshold()
+    if 0 < full < FULL_COLLECTION_EVERY:
+        gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
+
+
 def guard_worker() -> None:
     """In a worker of any start method: exit as soon as the process that started it dies.
 
@@ -101,6 +119,7 @@ def guard_worker() -> None:
     if _state["guarded"]:
         return
     _state["guarded"] = True
+    make_full_collections_rare()  # a spawned or forkserver worker did not inherit it
     parent = multiprocessing.parent_process()
     if parent is None:
         return
