@@ -78,7 +78,8 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     tuning_file = str(project.root / pipeline.tuning_file)
     tuning_keys = TuningKeys(project) if os.path.isfile(tuning_file) else None
     chosen = list(instances if instances is not None else project.instances)
-    plan = ChainPlan() if cache.get("enabled") and cache.get("remote") else None
+    fetch_ahead = cache.get("enabled") and cache.get("remote") and cache.get("prefetch_threads")
+    plan = ChainPlan() if fetch_ahead else None
     # one pass over what earlier builds wrote: a damaged artifact is removed, so it rebuilds
     drop_damaged([str(inst.out_dir) for inst in chosen], str(project.state_dir))
     out_root, state = str(project.out_dir), str(project.state_dir)

@@ -10,6 +10,8 @@ import pytest
 from kiln.tasks import chain_worker
 from kiln.tasks.chain_batches import ChainBatcher, pack
 
+from tests.support.polling import wait_until
+
 
 class FakeClient:
     """``submit`` on a thread pool: its futures take ``add_done_callback`` as Dask's do."""
@@ -173,24 +175,23 @@ def _start(batcher: ChainBatcher, name: str, results: dict) -> threading.Thread:
     return thread
 
 
-def _wait_for(predicate, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
-def test_a_busy_cluster_gets_full_batches_not_a_trickle(monkeypatch):
+def _one_batch_out(monkeypatch) -> tuple[GatedClient, ChainBatcher, dict, list]:
+    """A batcher allowed one batch out, with that batch (chain "first") held on the worker."""
     monkeypatch.setattr(chain_worker, "run_chain", echo_chain)
     client = GatedClient()
     batcher = ChainBatcher(client, batch_size=4, linger=0.0, ahead=1)
     results: dict = {}
     threads = [_start(batcher, "first", results)]
-    _wait_for(lambda: len(client.batches) == 1)  # an idle cluster: sent at once, alone
+    wait_until(lambda: len(client.batches) == 1)  # an idle cluster: sent at once, alone
+    return client, batcher, results, threads
+
+
+def test_a_busy_cluster_gets_full_batches_not_a_trickle(monkeypatch):
+    client, batcher, results, threads = _one_batch_out(monkeypatch)
     for i in range(4):  # one at a time, while the first batch is out
         threads.append(_start(batcher, f"g{i}", results))
         time.sleep(0.02)
-    _wait_for(lambda: len(client.batches) == 2)
+    wait_until(lambda: len(client.batches) == 2)
     client.gate.set()
     for t in threads:
         t.join(10)
@@ -199,14 +200,9 @@ def test_a_busy_cluster_gets_full_batches_not_a_trickle(monkeypatch):
 
 
 def test_a_returning_batch_lets_a_partial_one_go(monkeypatch):
-    monkeypatch.setattr(chain_worker, "run_chain", echo_chain)
-    client = GatedClient()
-    batcher = ChainBatcher(client, batch_size=4, linger=0.0, ahead=1)
-    results: dict = {}
-    threads = [_start(batcher, "first", results)]
-    _wait_for(lambda: len(client.batches) == 1)
+    client, batcher, results, threads = _one_batch_out(monkeypatch)
     threads += [_start(batcher, name, results) for name in ("b", "c")]
-    _wait_for(lambda: batcher.queued() == 2)
+    wait_until(lambda: batcher.queued() == 2)
     assert len(client.batches) == 1  # two chains wait: the one batch allowed out is out
     client.gate.set()  # it comes back: the two go, without waiting for a full batch
     for t in threads:

@@ -17,6 +17,7 @@ from kiln.tasks.prefetch import (
 
 from kiln.cache.session import FETCHED, HIT, CacheSession
 from kiln.cache.store import sha256
+from tests.support.polling import wait_until
 
 
 class SlowRemote:
@@ -90,7 +91,7 @@ def test_chains_are_fetched_side_by_side_into_the_local_store(tmp_path, session)
     chains = make_chains(tmp_path, 12)
     session.remote = SlowRemote(entries_for(chains))
     prefetcher = Prefetcher(session, chains, key_of, threads=4)
-    _wait(prefetcher.idle)
+    wait_until(prefetcher.idle)
     assert session.remote.most_in_flight == 4  # four reads waited side by side
     stored = {key for key in entries_for(chains) if session.local.get_action(key)}
     assert stored == session.prefetched == set(entries_for(chains))
@@ -101,7 +102,7 @@ def test_every_chain_is_walked_to_its_end_and_found_by_its_task(tmp_path, sessio
     entries = entries_for(chains)
     session.remote = SlowRemote(entries, delay=0.001)
     prefetcher = Prefetcher(session, chains, key_of, threads=3)
-    _wait(prefetcher.idle)
+    wait_until(prefetcher.idle)
     assert session.prefetched == set(entries)
     assert sorted(session.remote.asked) == sorted(entries)  # each action read once
     for chain in chains:
@@ -112,24 +113,17 @@ def test_every_chain_is_walked_to_its_end_and_found_by_its_task(tmp_path, sessio
     assert len(session.remote.asked) == len(entries)  # the task did not ask the remote
 
 
-def _wait(predicate, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def test_a_queued_chain_is_taken_back_by_its_task(tmp_path, session):
     chains = make_chains(tmp_path, 5)
     remote = session.remote = SlowRemote(entries_for(chains))
     remote.gate.clear()  # the one thread is stuck on chain 0
     prefetcher = Prefetcher(session, chains, key_of, threads=1)
-    _wait(lambda: remote.asked)
+    wait_until(lambda: remote.asked)
     prefetcher.claim(chain_id(chains[3][0]))  # queued: its task fetches it itself
     remote.gate.set()
     prefetcher.claim(chain_id(chains[0][0]))  # running: waits for the walk to finish
     assert session.local.get_action(key_of(chains[0][2], _digest_of(chains[0][1])))
-    _wait(prefetcher.idle)
+    wait_until(prefetcher.idle)
     assert {_chain_of(r) for r in remote.asked} == {"k0", "k1", "k2", "k4"}  # never k3
 
 
@@ -146,7 +140,7 @@ def test_a_walk_stops_at_the_first_stage_the_remote_lacks(tmp_path, session):
     entries = entries_for(chains, missing_stage=2)
     session.remote = SlowRemote(entries, delay=0.001)
     prefetcher = Prefetcher(session, chains, key_of, threads=1)
-    _wait(prefetcher.idle)
+    wait_until(prefetcher.idle)
     assert session.prefetched == set(entries)  # stages 0 and 1
     assert len(session.remote.asked) == 3  # 0, 1, and the miss; never stage 3
     missed = session.remote.asked[-1]
@@ -163,7 +157,7 @@ def test_built_chains_and_dump_stages_are_not_fetched(tmp_path, session):
     chains[1][1]["dumps"] = [("visa", "out.visa")]  # its own task runs it, always
     session.remote = SlowRemote(entries_for(chains), delay=0.001)
     prefetcher = Prefetcher(session, chains, key_of, threads=2)
-    _wait(prefetcher.idle)
+    wait_until(prefetcher.idle)
     assert session.prefetched == {key_of(chains[1][0])}
 
 
@@ -172,10 +166,10 @@ def test_a_stopped_prefetcher_starts_no_further_walk(tmp_path, session):
     remote = session.remote = SlowRemote(entries_for(chains), delay=0.005)
     remote.gate.clear()
     prefetcher = Prefetcher(session, chains, key_of, threads=2)
-    _wait(lambda: len(remote.asked) == 2)
+    wait_until(lambda: len(remote.asked) == 2)
     stopper = threading.Thread(target=prefetcher.stop, kwargs={"wait": 10.0})
     stopper.start()
-    _wait(lambda: prefetcher.stopped)
+    wait_until(lambda: prefetcher.stopped)
     remote.gate.set()
     stopper.join(10)
     assert not stopper.is_alive() and prefetcher.idle()
@@ -188,7 +182,7 @@ def test_chains_taken_before_the_start_are_left_to_their_tasks(tmp_path, session
     prefetcher = Prefetcher(
         session, chains, key_of=key_of, threads=2, taken={chain_id(chains[1][0])}
     )
-    _wait(prefetcher.idle)
+    wait_until(prefetcher.idle)
     assert {_chain_of(r) for r in session.remote.asked} == {"k0", "k2"}
 
 
