@@ -261,11 +261,18 @@ def _add_check_commands(sub) -> None:
         sub,
         "bench",
         epilog="examples:\n  kiln bench gemm --target sim\n"
+        "  kiln bench gemm --target iree-cpu --target iree-cuda\n"
         "  kiln bench gemm --target iree-cpu --shape M=64,K=32,N=16\n"
         "  kiln bench problem:gemm --target iree-cpu   (built-in problems: own flags)",
     )
     _filters(b)
-    b.add_argument("--target", required=True, metavar="T", help="the target to time")
+    b.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        metavar="T",
+        help="a target to time (repeatable: one table, one row per kernel and target)",
+    )
     b.add_argument(
         "--shape",
         metavar="DIMS",

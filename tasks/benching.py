@@ -1,4 +1,4 @@
-"""`kiln bench`: time kernels on one target; a table, CSV or JSON."""
+"""`kiln bench`: time kernels on one or more targets; a table, CSV or JSON."""
 
 from __future__ import annotations
 
@@ -82,11 +82,9 @@ def time_runner(runner, prepared, inputs, iters: int, warmup: int) -> list[float
     return samples
 
 
-def bench_rows(project, instances, target: str, iters: int, warmup: int, device: int):
-    from kiln.tasks.running import kernel_artifacts, make_runner
-
-    from kiln.inputs import random_inputs
-    from kiln.ir.cost import flops, io_bytes
+def ready_runner(project, target: str, device: int):
+    """The target's runner, on device index ``device``; a TargetError if it cannot run here."""
+    from kiln.tasks.running import make_runner
 
     runner = make_runner(project, target)
     if device:
@@ -94,6 +92,15 @@ def bench_rows(project, instances, target: str, iters: int, warmup: int, device:
     reason = runner.unavailable()
     if reason:
         raise TargetError(f"target {target!r} is not available here: {reason}")
+    return runner
+
+
+def bench_rows(project, instances, target: str, runner, iters: int, warmup: int):
+    from kiln.tasks.running import kernel_artifacts
+
+    from kiln.inputs import random_inputs
+    from kiln.ir.cost import flops, io_bytes
+
     rows = []
     for inst in instances:
         artifacts = kernel_artifacts(project, inst)
@@ -159,11 +166,17 @@ def run_bench(project, instances: list, args) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the table/CSV/JSON
         unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
     built = [inst for inst in instances if inst.name not in unbuilt]
-    rows = bench_rows(project, built, args.target, args.iter, args.warmup, args.device)
+    targets = list(dict.fromkeys(args.target))  # `--target a --target b`: both, in that order
+    # every target is checked before any is timed: an unusable last one costs no waiting
+    runners = {target: ready_runner(project, target, args.device) for target in targets}
     from kiln.tasks.results import save_bench_row
 
-    for inst, row in zip(built, rows, strict=True):
-        save_bench_row(inst.out_dir, row)  # the last numbers, for `kiln view`
+    rows = []
+    for target, runner in runners.items():
+        timed = bench_rows(project, built, target, runner, args.iter, args.warmup)
+        for inst, row in zip(built, timed, strict=True):
+            save_bench_row(inst.out_dir, row)  # the last numbers, for `kiln view`
+        rows += timed
     print(render(rows, args.output_format), end="")
     for name in unbuilt:
         print(f"kiln bench: {name} not timed: it did not build", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""The iree target against the numpy oracle, on hand-built graphs (llvm-cpu).
+"""The iree target against the numpy oracle, on hand-built graphs (llvm-cpu, and cuda
+where a GPU is usable).
 
 Graphs are small and several checks share one graph (one output each), so
 the suite compiles about twenty modules; the compile cache lives in a
@@ -100,15 +101,20 @@ def random_inputs(graph: Graph, seed: int = 0, positive: bool = False) -> list[n
     return arrays
 
 
-@pytest.fixture(scope="module")
-def runner(tmp_path_factory):
+@pytest.fixture(scope="module", params=["llvm-cpu", "cuda"])
+def runner(request, tmp_path_factory):
+    """Every test runs on the host CPU, and again on a CUDA GPU where one is usable."""
     pytest.importorskip("iree.compiler", reason="the iree target needs the 'iree' extra")
     pytest.importorskip("iree.runtime", reason="the iree target needs the 'iree' extra")
     from kiln.runners.iree import IreeRunner
 
+    runner = IreeRunner({"device": request.param})
+    reason = runner.unavailable()
+    if reason:
+        pytest.skip(f"iree {request.param}: {reason}")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KILN_CACHE_DIR", str(tmp_path_factory.mktemp("kiln-cache")))
-        yield IreeRunner()
+        yield runner
 
 
 def check(runner, graph: Graph, inputs=None, tolerance=None, **input_kw):

@@ -121,6 +121,30 @@ def test_an_unavailable_target_is_an_error_not_a_traceback(built):
     assert "Traceback" not in proc.stderr
 
 
+def test_each_repeated_target_gets_its_rows_in_the_order_given(built):
+    out = bench(
+        built,
+        *("--target", "sim", "--target", "cpu", "--target", "sim"),
+        *("--output-format", "json", "--iter", "2", "--warmup", "0"),
+    )
+    rows = json.loads(after_build_line(out))
+    assert [(r["kernel"], r["target"]) for r in rows] == [
+        *((k, "sim") for k in KERNELS),
+        *((k, "cpu") for k in KERNELS),
+    ]
+    assert all(r["cycles"] > 0 for r in rows[:3]) and all(r["median_ms"] > 0 for r in rows[3:])
+    # `kiln view` keeps the last numbers of each target apart
+    out_dir = built / "build" / "kiln" / "kernel" / "gemm" / "small"
+    assert {p.name for p in out_dir.glob("bench-*.json")} >= {"bench-sim.json", "bench-cpu.json"}
+
+
+def test_an_unavailable_target_among_several_times_nothing(built):
+    proc = run_kiln(built, "bench", "vector_add", "--target", "cpu", "--target", "board")
+    assert proc.returncode == 2 and proc.stdout.count("median_ms") == 0
+    assert "target 'board' is not available here" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_render_puts_every_column_of_every_row_in_each_format():
     rows = [
         {"kernel": "a.s", "target": "sim", "cycles": 12, "sim_us": 0.012},
