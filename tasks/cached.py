@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+from kiln.tasks.affinity import whole_chains_here
 from kiln.tasks.digest import stage_module_info
 from kiln.tasks.prefetch import Prefetcher, chain_id, worth_prefetching
 
@@ -210,9 +211,9 @@ def write_rest_of_chain(
     """
     chain = spec.get("chain")
     settled: dict[str, Settled] = {}
-    if not chain or multiprocessing.parent_process() is not None:
-        # in a worker of `-n N` the later tasks may run in another worker, which
-        # would find nothing settled and write everything again
+    if not chain or (multiprocessing.parent_process() is not None and not whole_chains_here()):
+        # in a worker that may not run the later tasks (another process would find
+        # nothing settled and write everything again)
         return settled
     input_digest = sha256(outputs["artifact"])
     graph_digest = input_digest if "trace" in spec else None

@@ -6,7 +6,9 @@ task. Kiln's stage tasks are a few milliseconds each, so a worker spends a
 large share of an `-n 2` build idle in that round trip, the more so on a
 machine whose cores the workers themselves keep busy. This runner keeps a
 few ready tasks queued per worker: a worker that finishes one takes the
-next at once while the parent catches up.
+next at once while the parent catches up. Every task of a kernel
+instance's stage chain goes to the worker that ran its first one
+(tasks/affinity.py says why).
 
 Only tasks whose dependencies have all finished are ever queued (doit's
 dispatcher decides, as before), so the order constraints, up-to-date
@@ -18,41 +20,48 @@ place of doit's process runner for the doit run of this process.
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
 
 from doit import cmd_run
 from doit.runner import JobHold, MRunner
+from kiln.tasks.affinity import chain_of, keep_whole_chains
 
 JOBS_AHEAD_PER_WORKER = 2
 
 
 class QueueAheadRunner(MRunner):
-    """A multiprocessing runner whose job queue holds up to (1 + ahead) jobs per worker."""
+    """A multiprocessing runner whose workers each hold up to (1 + ahead) queued jobs."""
 
     def run_tasks(self, task_dispatcher):
-        """Dispatch ready tasks to the workers, keeping the queue filled; collect results."""
-        # Jobs go over a plain pipe, written by the parent itself: doit's queue hands
-        # every put to a feeder thread, which fights the parent's main thread for the
-        # GIL on every task. A full pipe can block that write only while the workers are
-        # busy, and they never block in turn: results keep doit's queue, whose feeder
-        # thread (in the worker) takes them whether or not the parent is reading.
-        job_q = multiprocessing.SimpleQueue()
+        """Dispatch ready tasks to the workers, keeping their queues filled; collect results."""
+        # Each worker has its own job pipe, written by the parent itself: doit's queue
+        # hands every put to a feeder thread, which fights the parent's main thread for
+        # the GIL on every task, and one pipe per worker lets a chain's tasks go to the
+        # worker that ran its first one (tasks/affinity.py). A full pipe can block that
+        # write only while its worker is busy, and workers never block in turn: results
+        # keep doit's queue, whose feeder thread takes them whether or not the parent
+        # is reading.
+        job_qs = [multiprocessing.SimpleQueue() for _ in range(self.num_process)]
         result_q = self.Queue()
         self.task_dispatcher = task_dispatcher
         self.tasks = task_dispatcher.tasks
-        feeder = JobFeeder(self, job_q, self.num_process * (1 + JOBS_AHEAD_PER_WORKER))
+        feeder = JobFeeder(self, job_qs, self.num_process * (1 + JOBS_AHEAD_PER_WORKER), chain_of)
         feeder.fill(None)
         # every worker, unless all there is to do is queued already: more tasks get
         # ready as these finish (none at all when everything is up to date)
-        count = min(self.num_process, feeder.queued) if feeder.exhausted else self.num_process
         workers = [
-            self.Child(
-                target=self.execute_task_subprocess,
-                args=(job_q, result_q, self.reporter.__class__),
+            (
+                self.Child(
+                    target=self.execute_task_subprocess,
+                    args=(job_q, result_q, self.reporter.__class__),
+                ),
+                job_q,
             )
-            for _ in range(count)
+            for job_q, waiting in zip(job_qs, feeder.outstanding, strict=True)
+            if waiting or not feeder.exhausted
         ]
         try:
-            for worker in workers:
+            for worker, _ in workers:
                 worker.start()
             while feeder.queued:
                 result = result_q.get()
@@ -63,22 +72,26 @@ class QueueAheadRunner(MRunner):
                     getattr(self.reporter, result["reporter"])(node.task)
                     continue
                 self._take_result(node, result)
-                feeder.queued -= 1
+                feeder.done(result["name"])
                 # after a failure without --continue doit hands out nothing more: the
                 # few jobs already queued (two per worker at most) still run
                 feeder.fill(node)
-            for _ in workers:
+            for _, job_q in workers:
                 job_q.put(None)
         except (SystemExit, KeyboardInterrupt, Exception):
-            for worker in workers:
+            for worker, _ in workers:
                 if worker.is_alive():
                     worker.terminate()
             raise
-        for worker in workers:
+        for worker, _ in workers:
             worker.join()
         while not result_q.empty():  # teardown reports; safe once the workers are joined
             result = result_q.get()
             getattr(self.reporter, result["reporter"])(task_dispatcher.tasks[result["name"]])
+
+    def execute_task_subprocess(self, job_q, result_q, reporter_class):
+        keep_whole_chains()  # this worker is sent the later tasks of every chain it starts
+        return super().execute_task_subprocess(job_q, result_q, reporter_class)
 
     def _take_result(self, node, result: dict) -> None:
         """A worker's result into the parent's task, then doit's bookkeeping for it."""
@@ -90,12 +103,26 @@ class QueueAheadRunner(MRunner):
 
 
 class JobFeeder:
-    """Puts ready jobs on the queue until it holds ``limit`` jobs not yet answered."""
+    """Puts ready jobs on the workers' queues until ``limit`` jobs are not yet answered.
 
-    def __init__(self, runner: MRunner, job_q, limit: int):
+    A job of a chain some worker has started goes to that worker; any other
+    job to the worker with the fewest jobs waiting.
+    """
+
+    def __init__(
+        self,
+        runner: MRunner,
+        job_qs: list,
+        limit: int,
+        chain_of: Callable[[str], str | None] = lambda name: None,
+    ):
         self.runner = runner
-        self.job_q = job_q
+        self.job_qs = job_qs
         self.limit = limit
+        self.chain_of = chain_of
+        self.outstanding = [0] * len(job_qs)  # per worker: jobs sent, not yet answered
+        self.owner: dict[str, int] = {}  # chain -> the worker that runs it
+        self.placed: dict[str, int] = {}  # task name -> the worker it was sent to
         self.queued = 0
         self.exhausted = False
 
@@ -110,10 +137,26 @@ class JobFeeder:
                 self.runner.free_proc = 0
                 break
             else:
-                self.job_q.put(job)
-                self.queued += 1
+                self._send(job)
         if not self.queued and not self.exhausted:
             raise RuntimeError("doit dispatcher holds tasks while none runs (a dependency cycle?)")
+
+    def done(self, name: str) -> None:
+        """The result of job ``name`` came back."""
+        self.outstanding[self.placed.pop(name)] -= 1
+        self.queued -= 1
+
+    def _send(self, job) -> None:
+        chain = self.chain_of(job.name)
+        worker = self.owner.get(chain) if chain is not None else None
+        if worker is None:
+            worker = min(range(len(self.job_qs)), key=self.outstanding.__getitem__)
+            if chain is not None:
+                self.owner[chain] = worker
+        self.job_qs[worker].put(job)
+        self.placed[job.name] = worker
+        self.outstanding[worker] += 1
+        self.queued += 1
 
 
 def use_queue_ahead_runner() -> None:

@@ -127,11 +127,44 @@ def test_a_second_run_sends_what_doit_finds_out_of_date(tmp_path, queue_ahead, c
     assert rc == 0 and len([x for x in lines if x.startswith("start")]) == CHAINS * STEPS + 1
 
 
+def test_every_task_of_a_chain_runs_in_the_worker_that_started_it(
+    tmp_path, queue_ahead, monkeypatch, capsys
+):
+    import kiln.tasks.queue_ahead as queue_ahead_module
+
+    # "step:c4s1" belongs to chain "c4" (Kiln's own compile tasks: their kernel instance)
+    def chain_of(name: str) -> str | None:
+        group, _, task = name.partition(":")
+        return task.partition("s")[0] if group == "step" else None
+
+    monkeypatch.setattr(queue_ahead_module, "chain_of", chain_of)
+    rc, lines = _run(tmp_path, "-n", "2")
+    assert rc == 0
+    workers_of: dict[str, set[str]] = {}
+    for line in lines:
+        if line.startswith("start c"):
+            name, pid = line.split()[1:3]
+            workers_of.setdefault(name.partition("s")[0], set()).add(pid)
+    assert len(workers_of) == CHAINS and all(len(p) == 1 for p in workers_of.values())
+    assert len(set().union(*workers_of.values())) == 2  # yet both workers had chains
+
+
+class _Job:
+    def __init__(self, name):
+        self.name = name
+
+    def __eq__(self, other):
+        return self.name == getattr(other, "name", other)
+
+    def __repr__(self):
+        return self.name
+
+
 class _FakeRunner:
     """Stands in for doit's runner: hands out a scripted list of jobs."""
 
     def __init__(self, script):
-        self.script = list(script)
+        self.script = [_Job(x) if isinstance(x, str) else x for x in script]
         self.completed_seen: list = []
         self.free_proc = 0
 
@@ -147,39 +180,54 @@ class _ListQueue(list):
 def test_feeder_fills_to_its_limit_and_no_further():
     runner = _FakeRunner(["a", "b", "c", "d", "e"])
     queue = _ListQueue()
-    feeder = JobFeeder(runner, queue, limit=3)
+    feeder = JobFeeder(runner, [queue], limit=3)
     feeder.fill(None)
     assert queue == ["a", "b", "c"] and feeder.queued == 3 and not feeder.exhausted
-    feeder.queued -= 1
+    feeder.done("a")
     feeder.fill("node-a")
-    assert queue == ["a", "b", "c", "d"]
+    assert queue == ["a", "b", "c", "d"] and feeder.queued == 3
     assert runner.completed_seen == [None, None, None, "node-a"]
 
 
 def test_feeder_tells_the_dispatcher_of_a_finished_node_once():
     runner = _FakeRunner(["a", "b"])
-    feeder = JobFeeder(runner, _ListQueue(), limit=4)
-    feeder.queued = 1
+    feeder = JobFeeder(runner, [_ListQueue()], limit=4)
     feeder.fill("done")
     assert runner.completed_seen == ["done", None, None]  # the last None: nothing left
-    assert feeder.exhausted and feeder.queued == 3
+    assert feeder.exhausted and feeder.queued == 2
 
 
 def test_feeder_stops_at_a_hold_and_resumes_on_the_next_result():
     runner = _FakeRunner(["a", JobHold(), "b"])
     queue = _ListQueue()
-    feeder = JobFeeder(runner, queue, limit=4)
+    feeder = JobFeeder(runner, [queue], limit=4)
     feeder.fill(None)
     assert queue == ["a"] and not feeder.exhausted
-    feeder.queued -= 1
+    feeder.done("a")
     feeder.fill("node-a")
     assert queue == ["a", "b"] and feeder.exhausted
 
 
 def test_feeder_reports_a_hold_with_nothing_running():
-    feeder = JobFeeder(_FakeRunner([JobHold()]), _ListQueue(), limit=2)
+    feeder = JobFeeder(_FakeRunner([JobHold()]), [_ListQueue()], limit=2)
     with pytest.raises(RuntimeError, match="cycle"):
         feeder.fill(None)
+
+
+def test_feeder_sends_a_chain_to_its_first_worker_and_new_chains_to_the_least_busy():
+    queues = [_ListQueue(), _ListQueue()]
+    script = ["x.0", "y.0", "z.0", "x.1", "other", "x.2"]
+    feeder = JobFeeder(_FakeRunner(script), queues, limit=3, chain_of=lambda n: n.split(".")[0])
+    feeder.fill(None)
+    assert queues == [["x.0", "z.0"], ["y.0"]]
+    feeder.done("y.0")
+    feeder.fill("node-y.0")  # x.1 follows x to worker 0, however busy worker 0 is
+    assert queues == [["x.0", "z.0", "x.1"], ["y.0"]] and feeder.outstanding == [3, 0]
+    feeder.done("x.0")
+    feeder.done("z.0")
+    feeder.fill("node-z.0")  # no chain: the least busy worker
+    assert queues[1] == ["y.0", "other"] and queues[0][-1] == "x.2"
+    assert feeder.outstanding == [2, 1] and feeder.placed == {"x.1": 0, "other": 1, "x.2": 0}
 
 
 def _copy(src: str, dst: str) -> None:

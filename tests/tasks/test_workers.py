@@ -41,3 +41,18 @@ print("kiln.stages.visa" in sys.modules, "numpy" in sys.modules, p.exitcode)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split()[-3:] == ["True", "True", "0"]
+
+
+def test_a_parallel_build_from_a_warm_cache_writes_whole_chains_and_the_same_bytes(project):
+    # each chain's tasks all run in one worker (tasks/affinity.py), so its first task
+    # writes the chain from the cache and the later ones find their artifact settled
+    reference = clean_build(project)  # fills the local cache
+    proc = run_kiln(project, "compile", "-n", "2", "-v")
+    assert proc.returncode == 0, proc.stderr
+    assert "20 ran, 0 up to date, 0 failed (20 fetched, 0 compiled)" in proc.stdout
+    assert snapshot(project) == reference
+    again = run_kiln(project, "compile", "-n", "2")
+    assert "0 ran, 20 up to date" in again.stdout, again.stdout
+    # every file the walk wrote is in its instance's manifest: `kiln clean` removes it
+    run_kiln(project, "clean", check=True)
+    assert [name for name in snapshot(project) if not name.endswith(".json")] == []
