@@ -54,6 +54,9 @@ class Runner:
     # code and settings (never on a device or another compiler): such reports
     # are kept in the artifact cache
     reproducible = False
+    # True when the runner runs on the host alone, with no device to choose
+    # (`kiln bench --device N` leaves it alone)
+    host_only = False
 
     def __init__(self, options: dict[str, Any] | None = None, machine: dict | None = None):
         self.options = dict(options or {})

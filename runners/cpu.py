@@ -10,6 +10,7 @@ from kiln.runners.base import KernelArtifacts, Runner, RunResult
 
 class CpuRunner(Runner):
     kind = "cpu"
+    host_only = True
     reproducible = True
 
     def prepare(self, artifacts: KernelArtifacts):

@@ -281,6 +281,10 @@ class IreeRunner(Runner):
         """The options, parsed now: callers may set ``options['device_index']`` after init."""
         return IreeOptions.parse(self.options)
 
+    @property
+    def host_only(self) -> bool:
+        return self.options.get("device", "llvm-cpu") == "llvm-cpu"
+
     def unavailable(self) -> str | None:
         try:
             _, runtime = _iree()

@@ -126,6 +126,7 @@ class SimBinary:
 
 class SimRunner(Runner):
     kind = "sim"
+    host_only = True
     reproducible = True
 
     def prepare(self, artifacts: KernelArtifacts) -> SimBinary:

@@ -87,7 +87,7 @@ def ready_runner(project, target: str, device: int):
     from kiln.tasks.running import make_runner
 
     runner = make_runner(project, target)
-    if device:
+    if device and not runner.host_only:  # --target cpu --target iree-cuda --device 1
         runner.options["device_index"] = device
     reason = runner.unavailable()
     if reason:
@@ -163,12 +163,13 @@ def run_bench(project, instances: list, args) -> int:
 
     from kiln.tasks.running import build_each
 
+    targets = list(dict.fromkeys(args.target))  # in the order given, each once
+    # every target is checked before anything is built or timed: an unusable one
+    # (no GPU, no plugin) costs no waiting
+    runners = {target: ready_runner(project, target, args.device) for target in targets}
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the table/CSV/JSON
         unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
     built = [inst for inst in instances if inst.name not in unbuilt]
-    targets = list(dict.fromkeys(args.target))  # `--target a --target b`: both, in that order
-    # every target is checked before any is timed: an unusable last one costs no waiting
-    runners = {target: ready_runner(project, target, args.device) for target in targets}
     from kiln.tasks.results import save_bench_row
 
     rows = []

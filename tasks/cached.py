@@ -233,7 +233,10 @@ def write_rest_of_chain(
             # the chain's first write swept this out dir a moment ago
             write_outputs(artifact, found, later["root"], sweep=artifact.parent != first_dir)
             written.append((later, artifact, found))
-            log.info("%s %s: %s from cache %s", later["instance"], later["stage"], how, artifact)
+            log.info(
+                "%s %s: %s from cache %s (written ahead)",
+                *(later["instance"], later["stage"], how, artifact),
+            )
             stat = _stat(later["artifact"])
             if stat is None:
                 break

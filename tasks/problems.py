@@ -150,7 +150,7 @@ def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
             found=" ".join(names) or "(none)",
         )
     p = argparse.ArgumentParser(prog=f"kiln bench {PREFIX}{name}", add_help=True)
-    p.add_argument("--target", default="cpu", metavar="T")
+    p.add_argument("--target", action="append", metavar="T")
     p.add_argument("--iter", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", type=int, default=0)
@@ -158,7 +158,17 @@ def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
     p.add_argument("--dtype", default="f32", choices=("f32", "f16", "bf16"))
     _flags(p, name)
     rest = [a for a in argv if a != names[0]]
-    return name, p.parse_args(rest)
+    args = p.parse_args(rest)
+    targets = list(dict.fromkeys(args.target or ["cpu"]))
+    if len(targets) > 1:  # rather than the last one silently winning
+        raise KilnError(
+            f"kiln bench {PREFIX}{name} times one target at a time",
+            expected="one --target",
+            found=" ".join(f"--target {t}" for t in targets),
+            hint="run it once per target",
+        )
+    args.target = targets[0]
+    return name, args
 
 
 def _runner(target: str, device: int):

@@ -30,7 +30,7 @@ JOBS_AHEAD_PER_WORKER = 2
 
 
 class QueueAheadRunner(MRunner):
-    """A multiprocessing runner whose workers each hold up to (1 + ahead) queued jobs."""
+    """A multiprocessing runner that keeps up to workers x (1 + ahead) jobs queued."""
 
     def run_tasks(self, task_dispatcher):
         """Dispatch ready tasks to the workers, keeping their queues filled; collect results."""
@@ -74,7 +74,7 @@ class QueueAheadRunner(MRunner):
                 self._take_result(node, result)
                 feeder.done(result["name"])
                 # after a failure without --continue doit hands out nothing more: the
-                # few jobs already queued (two per worker at most) still run
+                # few jobs already queued (two per worker on average) still run
                 feeder.fill(node)
             for _, job_q in workers:
                 job_q.put(None)
@@ -114,12 +114,12 @@ class JobFeeder:
         runner: MRunner,
         job_qs: list,
         limit: int,
-        chain_of: Callable[[str], str | None] = lambda name: None,
+        group_of: Callable[[str], str | None] = lambda name: None,
     ):
         self.runner = runner
         self.job_qs = job_qs
         self.limit = limit
-        self.chain_of = chain_of
+        self.group_of = group_of
         self.outstanding = [0] * len(job_qs)  # per worker: jobs sent, not yet answered
         self.owner: dict[str, int] = {}  # chain -> the worker that runs it
         self.placed: dict[str, int] = {}  # task name -> the worker it was sent to
@@ -147,7 +147,7 @@ class JobFeeder:
         self.queued -= 1
 
     def _send(self, job) -> None:
-        chain = self.chain_of(job.name)
+        chain = self.group_of(job.name)
         worker = self.owner.get(chain) if chain is not None else None
         if worker is None:
             worker = min(range(len(self.job_qs)), key=self.outstanding.__getitem__)

@@ -350,10 +350,11 @@ def test_flags_are_part_of_the_cache_key(runner):
     from kiln.runners.iree import IreeRunner
 
     graph = _small_graph("flags")
-    plain = IreeRunner({"opt": False}).prepare(KernelArtifacts("flags", graph, Path(".")))
+    flagged = IreeRunner({**runner.options, "flags": ["--iree-opt-level=O1"]})
+    plain = flagged.prepare(KernelArtifacts("flags", graph, Path(".")))
     tuned = runner.prepare(KernelArtifacts("flags", graph, Path(".")))
     assert plain.vmfb != tuned.vmfb and tuned.metrics["cache"] == "miss"
-    check(IreeRunner({"opt": False}), graph)
+    check(flagged, graph)
 
 
 def test_a_change_to_the_lowering_misses_the_cache(runner, monkeypatch):
@@ -414,7 +415,7 @@ def test_time_returns_one_sample_per_iteration(runner):
 def test_compile_failure_names_diagnostics_and_dump_hint(runner):
     from kiln.runners.iree import IreeRunner
 
-    bad = IreeRunner({"flags": ["--iree-no-such-flag"]})
+    bad = IreeRunner({**runner.options, "flags": ["--iree-no-such-flag"]})
     with pytest.raises(TargetError) as info:
         bad.prepare(KernelArtifacts("bad", _small_graph("bad"), Path(".")))
     text = info.value.render()

@@ -122,6 +122,9 @@ def test_an_unavailable_target_is_an_error_not_a_traceback(built):
 
 
 def test_each_repeated_target_gets_its_rows_in_the_order_given(built):
+    out_dir = built / "build" / "kiln" / "kernel" / "gemm" / "small"
+    for old in out_dir.glob("bench-*.json"):
+        old.unlink()  # left by the tests before this one
     out = bench(
         built,
         *("--target", "sim", "--target", "cpu", "--target", "sim"),
@@ -134,15 +137,31 @@ def test_each_repeated_target_gets_its_rows_in_the_order_given(built):
     ]
     assert all(r["cycles"] > 0 for r in rows[:3]) and all(r["median_ms"] > 0 for r in rows[3:])
     # `kiln view` keeps the last numbers of each target apart
-    out_dir = built / "build" / "kiln" / "kernel" / "gemm" / "small"
-    assert {p.name for p in out_dir.glob("bench-*.json")} >= {"bench-sim.json", "bench-cpu.json"}
+    saved = {p.name: json.loads(p.read_text()) for p in out_dir.glob("bench-*.json")}
+    assert saved == {"bench-sim.json": rows[1], "bench-cpu.json": rows[4]}
 
 
-def test_an_unavailable_target_among_several_times_nothing(built):
+def test_an_unavailable_target_among_several_builds_and_times_nothing(built):
+    saved = built / "build" / "kiln" / "kernel" / "vector_add" / "small" / "bench-cpu.json"
+    bench(built, "--target", "cpu", "--iter", "1", "--warmup", "0", filters=("vector_add",))
+    before = saved.stat().st_mtime_ns
     proc = run_kiln(built, "bench", "vector_add", "--target", "cpu", "--target", "board")
     assert proc.returncode == 2 and proc.stdout.count("median_ms") == 0
     assert "target 'board' is not available here" in proc.stderr
+    assert "tasks:" not in proc.stdout + proc.stderr  # refused before the build
+    assert saved.stat().st_mtime_ns == before  # and cpu was not timed either
     assert "Traceback" not in proc.stderr
+
+
+def test_device_index_goes_only_to_targets_with_a_device_to_choose(built):
+    out = bench(
+        built,
+        *("--target", "cpu", "--target", "sim", "--device", "1"),
+        *("--output-format", "json", "--iter", "1", "--warmup", "0"),
+        filters=("vector_add",),
+    )
+    rows = json.loads(after_build_line(out))
+    assert [r["target"] for r in rows] == ["cpu", "sim"]
 
 
 def test_render_puts_every_column_of_every_row_in_each_format():

@@ -62,3 +62,12 @@ def test_cli_bench_problem_end_to_end(tmp_path):
     sim = run_kiln(tmp_path, "bench", "problem:softmax", "--target", "sim")
     assert sim.returncode == 2 and "sim (inside a project)" in sim.stderr
     assert "Traceback" not in bad.stderr + sim.stderr
+
+
+def test_a_problem_times_one_target_and_says_so_when_given_two():
+    assert parse(["problem:gemm", "--target", "sim", "--target", "sim"])[1].target == "sim"
+    assert parse(["problem:gemm"])[1].target == "cpu"
+    with pytest.raises(KilnError) as info:
+        parse(["problem:gemm", "--target", "cpu", "--target", "iree-cpu"])
+    text = info.value.render()
+    assert "times one target at a time" in text and "--target cpu --target iree-cpu" in text

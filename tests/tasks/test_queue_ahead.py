@@ -217,7 +217,12 @@ def test_feeder_reports_a_hold_with_nothing_running():
 def test_feeder_sends_a_chain_to_its_first_worker_and_new_chains_to_the_least_busy():
     queues = [_ListQueue(), _ListQueue()]
     script = ["x.0", "y.0", "z.0", "x.1", "other", "x.2"]
-    feeder = JobFeeder(_FakeRunner(script), queues, limit=3, chain_of=lambda n: n.split(".")[0])
+    feeder = JobFeeder(
+        _FakeRunner(script),
+        queues,
+        limit=3,
+        group_of=lambda name: name.split(".")[0] if "." in name else None,
+    )
     feeder.fill(None)
     assert queues == [["x.0", "z.0"], ["y.0"]]
     feeder.done("y.0")
@@ -228,6 +233,7 @@ def test_feeder_sends_a_chain_to_its_first_worker_and_new_chains_to_the_least_bu
     feeder.fill("node-z.0")  # no chain: the least busy worker
     assert queues[1] == ["y.0", "other"] and queues[0][-1] == "x.2"
     assert feeder.outstanding == [2, 1] and feeder.placed == {"x.1": 0, "other": 1, "x.2": 0}
+    assert set(feeder.owner) == {"x", "y", "z"}  # a job of no chain binds no worker
 
 
 def _copy(src: str, dst: str) -> None:

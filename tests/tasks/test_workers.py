@@ -47,10 +47,16 @@ def test_a_parallel_build_from_a_warm_cache_writes_whole_chains_and_the_same_byt
     # each chain's tasks all run in one worker (tasks/affinity.py), so its first task
     # writes the chain from the cache and the later ones find their artifact settled
     reference = clean_build(project)  # fills the local cache
-    proc = run_kiln(project, "compile", "-n", "2", "-v")
+    log = project / "cache.log"
+    env = {"KILN_LOG_INFO": "1", "KILN_LOG_FILE": str(log)}
+    proc = run_kiln(project, "compile", "-n", "2", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "20 ran, 0 up to date, 0 failed (20 fetched, 0 compiled)" in proc.stdout
     assert snapshot(project) == reference
+    # 4 instances: each first stage found in the cache, its 4 later stages written ahead
+    lines = log.read_text().splitlines()
+    ahead = [line for line in lines if line.endswith("(written ahead)")]
+    assert len(ahead) == 16 and all(" hit from cache " in line for line in ahead), lines
     again = run_kiln(project, "compile", "-n", "2")
     assert "0 ran, 20 up to date" in again.stdout, again.stdout
     # every file the walk wrote is in its instance's manifest: `kiln clean` removes it
