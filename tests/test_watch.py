@@ -14,6 +14,7 @@ import time
 import pytest
 
 from kiln.watch import Round, Watcher
+from tests.support.ctrl_c import answer_ctrl_c
 
 KERNEL = "kernels/elementwise.py"
 
@@ -116,6 +117,7 @@ def test_kiln_watch_rebuilds_on_save_and_ctrl_c_exits_0(project):
         proc = subprocess.Popen(
             [sys.executable, "-m", "kiln.cli", "watch", "vector_add", "--debounce", "100"],
             cwd=project,
+            preexec_fn=answer_ctrl_c,
             env=env,
             stdout=subprocess.PIPE,
             stderr=stderr,

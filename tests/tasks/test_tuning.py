@@ -8,6 +8,7 @@ import sys
 import time
 
 from tests.conftest import ran_tasks, run_kiln
+from tests.support.ctrl_c import answer_ctrl_c
 
 
 def makespan(project, instance: str) -> int:
@@ -79,6 +80,7 @@ def test_ctrl_c_keeps_the_records_found_so_far(project):
     proc = subprocess.Popen(
         [sys.executable, "-m", "kiln.cli", "tune", "vector_add", "gemm", "--budget", "5000"],
         cwd=project,
+        preexec_fn=answer_ctrl_c,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
