@@ -130,7 +130,8 @@ def cmd_test(args) -> int:
 def cmd_bench(args) -> int:
     from kiln.tasks.benching import run_bench
 
-    for flag, value, least in (("--iter", args.iter, 1), ("--warmup", args.warmup, 0)):
+    checks = (("--iter", args.iter, 1), ("--warmup", args.warmup, 0), ("--device", args.device, 0))
+    for flag, value, least in checks:
         if value < least:  # before any build: an empty timing table is not a result
             raise KilnError(
                 f"{flag} must be at least {least}",

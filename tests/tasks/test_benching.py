@@ -271,3 +271,9 @@ def test_bad_explicit_sizes_are_one_message(built, shape, message):
     proc = run_kiln(built, "bench", "gemm", "--target", "cpu", "--shape", shape)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_negative_device_index_is_refused_before_anything_runs(built):
+    proc = run_kiln(built, "bench", "vector_add", "--target", "cpu", "--device", "-1")
+    assert proc.returncode == 2 and "--device must be at least 0" in proc.stderr
+    assert "tasks:" not in proc.stdout + proc.stderr and "Traceback" not in proc.stderr
