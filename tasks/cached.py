@@ -235,7 +235,10 @@ def write_rest_of_chain(
             written.append((later, artifact, found))
             log.info(
                 "%s %s: %s from cache %s (written ahead)",
-                *(later["instance"], later["stage"], how, artifact),
+                later["instance"],
+                later["stage"],
+                how,
+                artifact,
             )
             stat = _stat(later["artifact"])
             if stat is None:

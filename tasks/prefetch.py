@@ -165,10 +165,8 @@ class Prefetcher:
         for index, spec in enumerate(chain):
             if self._stopped or spec["dumps"] or "tuning" in spec or remote.broken:
                 return
-            if index == 0:
-                key = self._key_of(spec)
-            else:
-                key = self._key_of(spec, input_digest=input_digest, graph_digest=graph_digest)
+            # both None for the first stage: its key hashes its own inputs
+            key = self._key_of(spec, input_digest=input_digest, graph_digest=graph_digest)
             digests = session.local.get_action(key)
             if digests is None:
                 fetched = remote.lookup_verified(key)

@@ -46,6 +46,12 @@ def bench(root: Path, *args: str, filters=("vector_add", "gemm")) -> str:
     return proc.stdout
 
 
+def bench_json(root: Path, *args: str, filters=("vector_add", "gemm")) -> list[dict]:
+    """The rows of one `kiln bench ... --output-format json` run."""
+    out = bench(root, *args, "--output-format", "json", filters=filters)
+    return json.loads(after_build_line(out))
+
+
 def after_build_line(stdout: str) -> str:
     """stdout minus the build summary (`kiln: N tasks: ...`) that precedes the output."""
     lines = stdout.splitlines(keepends=True)
@@ -102,12 +108,9 @@ def test_sim_table_is_the_default_format(built):
 
 @pytest.mark.skipif(not HAS_IREE, reason="iree-base-compiler/runtime not installed")
 def test_iree_cpu_reports_times_and_rates(built):
-    out = bench(
-        built,
-        *("--target", "iree-cpu", "--output-format", "json", "--iter", "2", "--warmup", "0"),
-        filters=("gemm",),
+    rows = bench_json(
+        built, "--target", "iree-cpu", "--iter", "2", "--warmup", "0", filters=("gemm",)
     )
-    rows = json.loads(after_build_line(out))
     assert [r["kernel"] for r in rows] == ["gemm.small", "gemm.wide"]
     for r in rows:
         assert set(r) == set(TIMED) and r["target"] == "iree-cpu"
@@ -125,12 +128,11 @@ def test_each_repeated_target_gets_its_rows_in_the_order_given(built):
     out_dir = built / "build" / "kiln" / "kernel" / "gemm" / "small"
     for old in out_dir.glob("bench-*.json"):
         old.unlink()  # left by the tests before this one
-    out = bench(
+    rows = bench_json(
         built,
         *("--target", "sim", "--target", "cpu", "--target", "sim"),
-        *("--output-format", "json", "--iter", "2", "--warmup", "0"),
+        *("--iter", "2", "--warmup", "0"),
     )
-    rows = json.loads(after_build_line(out))
     assert [(r["kernel"], r["target"]) for r in rows] == [
         *((k, "sim") for k in KERNELS),
         *((k, "cpu") for k in KERNELS),
@@ -154,13 +156,11 @@ def test_an_unavailable_target_among_several_builds_and_times_nothing(built):
 
 
 def test_device_index_goes_only_to_targets_with_a_device_to_choose(built):
-    out = bench(
+    rows = bench_json(
         built,
-        *("--target", "cpu", "--target", "sim", "--device", "1"),
-        *("--output-format", "json", "--iter", "1", "--warmup", "0"),
+        *("--target", "cpu", "--target", "sim", "--device", "1", "--iter", "1", "--warmup", "0"),
         filters=("vector_add",),
     )
-    rows = json.loads(after_build_line(out))
     assert [r["target"] for r in rows] == ["cpu", "sim"]
 
 
