@@ -10,6 +10,13 @@ next at once while the parent catches up. Every task of a kernel
 instance's stage chain goes to the worker that ran its first one
 (tasks/affinity.py says why).
 
+A worker sends one message per task, its result with the time it started
+(doit's sends a report at the start as well), over pipes of its own
+(tasks/worker_pipes.py). A worker process that dies under a task (killed,
+out of memory) fails that task with a message saying so; its queued jobs
+go to a new worker and the build goes on, where doit's runner would wait
+for the dead worker forever.
+
 Only tasks whose dependencies have all finished are ever queued (doit's
 dispatcher decides, as before), so the order constraints, up-to-date
 checks, dependency records and reports are doit's. doit has no hook to
@@ -19,12 +26,15 @@ place of doit's process runner for the doit run of this process.
 
 from __future__ import annotations
 
-import multiprocessing
+import time
 from collections.abc import Callable
 
 from doit import cmd_run
 from doit.runner import JobHold, MRunner
 from kiln.tasks.affinity import chain_of, keep_whole_chains
+from kiln.tasks.worker_pipes import WorkerEnd, WorkerPool
+
+from kiln.errors import KilnError
 
 JOBS_AHEAD_PER_WORKER = 2
 
@@ -33,73 +43,147 @@ class QueueAheadRunner(MRunner):
     """A multiprocessing runner that keeps up to workers x (1 + ahead) jobs queued."""
 
     def run_tasks(self, task_dispatcher):
-        """Dispatch ready tasks to the workers, keeping their queues filled; collect results."""
-        # Each worker has its own job pipe, written by the parent itself: doit's queue
-        # hands every put to a feeder thread, which fights the parent's main thread for
-        # the GIL on every task, and one pipe per worker lets a chain's tasks go to the
-        # worker that ran its first one (tasks/affinity.py). A full pipe can block that
-        # write only while its worker is busy, and workers never block in turn: results
-        # keep doit's queue, whose feeder thread takes them whether or not the parent
-        # is reading.
-        job_qs = [multiprocessing.SimpleQueue() for _ in range(self.num_process)]
-        result_q = self.Queue()
+        """Dispatch ready tasks to the workers, keeping their pipes filled; collect results."""
         self.task_dispatcher = task_dispatcher
         self.tasks = task_dispatcher.tasks
-        feeder = JobFeeder(self, job_qs, self.num_process * (1 + JOBS_AHEAD_PER_WORKER), chain_of)
+        # one pair of pipes per worker (tasks/worker_pipes.py): written directly, no
+        # feeder threads, and a chain's tasks can go to the worker that ran its first one
+        pool = WorkerPool(self.num_process, self._start_process)
+        limit = self.num_process * (1 + JOBS_AHEAD_PER_WORKER)
+        feeder = JobFeeder(self, pool.channels, limit, chain_of)
         feeder.fill(None)
-        # every worker, unless all there is to do is queued already: more tasks get
-        # ready as these finish (none at all when everything is up to date)
-        workers = [
-            (
-                self.Child(
-                    target=self.execute_task_subprocess,
-                    args=(job_q, result_q, self.reporter.__class__),
-                ),
-                job_q,
-            )
-            for job_q, waiting in zip(job_qs, feeder.outstanding, strict=True)
-            if waiting or not feeder.exhausted
-        ]
         try:
-            for worker, _ in workers:
-                worker.start()
+            # every worker, unless all there is to do is queued already: more tasks get
+            # ready as these finish (none at all when everything is up to date)
+            for slot, waiting in enumerate(feeder.outstanding):
+                if waiting or not feeder.exhausted:
+                    pool.start(slot)
             while feeder.queued:
-                result = result_q.get()
-                if "exit" in result:
-                    raise result["exit"](result["exception"])
-                node = task_dispatcher.nodes[result["name"]]
-                if "reporter" in result:
-                    getattr(self.reporter, result["reporter"])(node.task)
+                slot, message = pool.next_message()
+                if message is None:  # killed, out of memory, a crash in native code
+                    name, exitcode = pool.replace(slot, restart=not feeder.exhausted)
+                    if name is not None:  # the task it was on fails, saying why
+                        node = self.task_dispatcher.nodes[name]
+                        self._finish(feeder, node, worker_died(exitcode))
                     continue
-                self._take_result(node, result)
-                feeder.done(result["name"])
-                # after a failure without --continue doit hands out nothing more: the
-                # few jobs already queued (two per worker on average) still run
-                feeder.fill(node)
-            for _, job_q in workers:
-                job_q.put(None)
+                node = self._node_of(message)
+                if "reporter" in message:
+                    getattr(self.reporter, message["reporter"])(node.task)
+                    continue
+                pool.channels[slot].answered(node.task.name)
+                self._report_start(node.task, message["started"], slot)
+                self._take_result(node, message)
+                self._finish(feeder, node, message.get("failure"))
+            pool.stop(self._teardown_message)
         except (SystemExit, KeyboardInterrupt, Exception):
-            for worker, _ in workers:
-                if worker.is_alive():
-                    worker.terminate()
+            pool.terminate()
             raise
-        for worker, _ in workers:
-            worker.join()
-        while not result_q.empty():  # teardown reports; safe once the workers are joined
-            result = result_q.get()
-            getattr(self.reporter, result["reporter"])(task_dispatcher.tasks[result["name"]])
+        finally:
+            pool.close()
 
-    def execute_task_subprocess(self, job_q, result_q, reporter_class):
+    def _start_process(self, worker_end: WorkerEnd):
+        process = self.Child(
+            target=self.execute_task_subprocess,
+            args=(worker_end, None, self.reporter.__class__),
+        )
+        process.start()
+        return process
+
+    def _finish(self, feeder: JobFeeder, node, failure) -> None:
+        """doit's bookkeeping for a task's outcome, then the jobs it makes ready."""
+        self.process_task_result(node, failure)
+        feeder.done(node.task.name)
+        # after a failure without --continue doit hands out nothing more: the few
+        # jobs already queued (two per worker on average) still run
+        feeder.fill(node)
+
+    def _node_of(self, message: dict):
+        if "exit" in message:  # the worker itself failed, outside any task
+            raise message["exit"](message["exception"])
+        return self.task_dispatcher.nodes[message["name"]]
+
+    def _teardown_message(self, message: dict) -> None:
+        node = self._node_of(message)
+        if "reporter" in message:
+            getattr(self.reporter, message["reporter"])(node.task)
+
+    def _report_start(self, task, started: float, worker: int) -> None:
+        # the reporter hears of a start when its result comes back, with the time it began
+        # (one message per task instead of two); a reporter with no use for the time
+        # gets doit's plain call
+        task_started = getattr(self.reporter, "task_started", None)
+        if task_started is not None:
+            task_started(task, started, worker)
+        else:
+            self.reporter.execute_task(task)
+
+    def execute_task_subprocess(self, worker_end, result_q, reporter_class):
+        """A worker's loop: run each job it is sent, send one message back per job."""
         keep_whole_chains()  # this worker is sent the later tasks of every chain it starts
-        return super().execute_task_subprocess(job_q, result_q, reporter_class)
+        self.result_q = worker_end  # doit's teardown reports go through ``result_q.put``
+        self.reporter = WorkerReports(worker_end, reporter_class)
+        try:
+            while (job := worker_end.next_job()) is not None:
+                task = self.tasks[job.name]
+                task.update_from_pickle(job.task_dict)
+                failure = self.execute_task(task)
+                result = {
+                    "name": task.name,
+                    "started": self.reporter.started,
+                    "task": task.pickle_safe_dict(),
+                    "out": [action.out for action in task.actions],
+                    "err": [action.err for action in task.actions],
+                }
+                if failure:
+                    result["failure"] = failure
+                worker_end.put(result)
+            self.teardown()
+            worker_end.put({"bye": True})
+        except (SystemExit, KeyboardInterrupt, Exception) as exception:
+            # error, blow-up everything: the parent raises it (as doit's runner does)
+            worker_end.put({"exit": exception.__class__, "exception": str(exception)})
 
     def _take_result(self, node, result: dict) -> None:
-        """A worker's result into the parent's task, then doit's bookkeeping for it."""
+        """A worker's result into the parent's task."""
         task = node.task
         task.update_from_pickle(result["task"])
         for action, out, err in zip(task.actions, result["out"], result["err"], strict=True):
             action.out, action.err = out, err
-        self.process_task_result(node, result.get("failure"))
+
+
+class WorkerReports:
+    """The reporter inside a worker: keeps its task's start time (sent with the result),
+    passes any other report to the parent."""
+
+    def __init__(self, worker_end: WorkerEnd, reporter_class):
+        self.worker_end = worker_end
+        self.reporter_class = reporter_class
+        self.started = 0.0
+
+    def execute_task(self, task) -> None:
+        self.started = time.time()
+
+    def complete_run(self) -> None:
+        pass  # the parent completes the run
+
+    def __getattr__(self, method: str):
+        if not hasattr(self.reporter_class, method):
+            raise AttributeError(method)
+        return lambda task: self.worker_end.put({"name": task.name, "reporter": method})
+
+
+def worker_died(exitcode: int | None):
+    """The failure of a task whose worker process ended under it."""
+    from kiln.tasks.actions import failure
+
+    how = f"killed by signal {-exitcode}" if exitcode and exitcode < 0 else f"exit {exitcode}"
+    return failure(
+        KilnError(
+            f"the worker process running this task died ({how})",
+            hint="nothing it was writing was kept; build again to retry it "
+            "(a signal 9 is often the system running out of memory)",
+        )
+    )
 
 
 class JobFeeder:

@@ -102,6 +102,7 @@ class KilnReporter:
         # the build profile and failures `kiln view` shows (see tasks/results.py)
         self.state_dir = self.results_dir
         self.started: dict[str, float] = {}
+        self.workers: dict[str, int] = {}  # task -> the `-n` worker that ran it
         self.records: list[dict] = []
 
     # -- doit hooks -------------------------------------------------------
@@ -131,9 +132,15 @@ class KilnReporter:
         pass
 
     def execute_task(self, task):
+        self.task_started(task, time.time())
+
+    def task_started(self, task, at: float, worker: int | None = None) -> None:
+        """``task`` began at ``at``; from an `-n` build, with the worker that ran it."""
         if task.subtask_of is None and task.has_subtask:
             return
-        self.started[task.name] = time.time()
+        self.started[task.name] = at
+        if worker is not None:
+            self.workers[task.name] = worker
         if self.live:
             self.progress.update(self.bar, description=_describe(task.name))
         elif self.format == "human" and task.actions and self.verbosity == 1:
@@ -265,6 +272,8 @@ class KilnReporter:
         }
         if diagnostic is not None:
             record["diagnostic"] = diagnostic
+        if task.name in self.workers:
+            record["worker"] = self.workers.pop(task.name)
         self.records.append(record)
 
     def _save_results(self) -> None:
@@ -316,10 +325,15 @@ def _where(diag: dict | None) -> str:
 
 
 def assign_workers(records: list[dict]) -> None:
-    """Give each record the lowest worker lane free at its start (doit does not say which
-    process ran a task; overlapping tasks ran on different ones)."""
+    """Give each record without a known worker the lowest lane free at its start.
+
+    An `-n` build names the worker of every task it ran; the rest (a build
+    without workers, tasks found up to date) get lanes by overlap: tasks that
+    overlap ran on different ones.
+    """
     free_at: list[float] = []
-    for r in sorted(records, key=lambda r: (r["start"], r["task"])):
+    unknown = [r for r in records if "worker" not in r]
+    for r in sorted(unknown, key=lambda r: (r["start"], r["task"])):
         lane = next((i for i, t in enumerate(free_at) if t <= r["start"]), len(free_at))
         if lane == len(free_at):
             free_at.append(0.0)

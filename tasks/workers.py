@@ -16,6 +16,7 @@ killed build leaves no process behind (and none holding the project lock).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import importlib
@@ -34,7 +35,7 @@ START_METHOD_ENV = "KILN_MP_START"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 _preload: list[str] = []
-_state = {"hooks": False, "guarded": False, "parent": 0}
+_state = {"hooks": False, "guarded": False, "parent": 0, "exit_hook": False}
 
 
 def prepare_workers(modules: Iterable[str]) -> None:
@@ -51,6 +52,7 @@ def prepare_workers(modules: Iterable[str]) -> None:
         multiprocessing.set_start_method(method, force=True)
     use_queue_ahead_runner()
     make_full_collections_rare()  # forked workers inherit it
+    skip_final_collection()
     _preload[:] = list(dict.fromkeys(modules))
     if multiprocessing.get_start_method() == "forkserver":
         multiprocessing.set_forkserver_preload(list(_preload))
@@ -107,6 +109,27 @@ def make_full_collections_rare() -> None:
     young, middle, full = gc.get_threshold()
     if 0 < full < FULL_COLLECTION_EVERY:
         gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
+
+
+def skip_final_collection() -> None:
+    """Spare this build process the garbage collection Python runs as it exits.
+
+    That last collection walks every object still alive (doit's tasks, the
+    pipeline, numpy) only to free memory the exiting process gives back
+    anyway: about 0.3 s of every run of a 1,500-instance project, a third of
+    its no-op build. Freezing the objects at exit keeps them out of it;
+    ``atexit`` handlers run first, and files are closed as before.
+    """
+    if not _state["exit_hook"]:
+        _state["exit_hook"] = True
+        atexit.register(_freeze_unless_checked)
+
+
+def _freeze_unless_checked() -> None:
+    # IREE's bindings (nanobind) check at exit that their objects were freed, and
+    # print a page of leak warnings for frozen ones: a run that used IREE pays
+    if not any(name == "iree" or name.startswith("iree.") for name in sys.modules):
+        gc.freeze()
 
 
 def guard_worker() -> None:

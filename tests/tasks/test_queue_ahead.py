@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -287,3 +288,62 @@ def test_every_worker_starts_even_when_one_task_is_ready_at_first(tmp_path, queu
     lines = Path(log).read_text().splitlines()
     leaf_workers = {line.split()[2] for line in lines if line.startswith("start l")}
     assert len(leaf_workers) == 2, lines
+
+
+def _big(log: str, name: str) -> dict:
+    _log(log, f"start {name} {os.getpid()}")
+    return {"blob": "y" * 300_000}  # a result far larger than any pipe buffer
+
+
+def test_jobs_and_results_larger_than_a_pipe_buffer_all_get_through(tmp_path, queue_ahead):
+    # each job carries 100 KB (its doc), each result 300 KB: no writer may block for good
+    log = str(tmp_path / "log.txt")
+    namespace = {
+        "task_big": lambda: (
+            {
+                "name": f"b{i}",
+                "doc": "x" * 100_000,
+                "actions": [(_big, [log, f"b{i}"])],
+                "verbosity": 0,
+            }
+            for i in range(12)
+        )
+    }
+    argv = ["run", "--db-file", str(tmp_path / "db"), "--backend", "json", "-n", "2", "big"]
+    assert DoitMain(ModuleTaskLoader(namespace)).run(argv) == 0
+    starts = [line.split()[1] for line in Path(log).read_text().splitlines()]
+    assert sorted(starts) == sorted(f"b{i}" for i in range(12))
+
+
+def _die(log: str, name: str) -> None:
+    _log(log, f"start {name} {os.getpid()}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_under_its_task_fails_that_task_and_the_build_goes_on(
+    tmp_path, queue_ahead
+):
+    namespace = _namespace(tmp_path / "log.txt")
+    steps = namespace["task_step"]
+
+    def task_step():
+        for task in steps():
+            if task["name"] == "c2s1":  # its worker dies in the middle of it
+                task["actions"] = [(_die, [str(tmp_path / "log.txt"), "c2s1"])]
+            yield task
+
+    namespace["task_step"] = task_step
+    argv = ["run", "--db-file", str(tmp_path / "db"), "--backend", "json", "-n", "2"]
+    report = tmp_path / "report.txt"
+    rc = DoitMain(ModuleTaskLoader(namespace)).run(
+        [*argv, "--continue", "--output-file", str(report), "join"]
+    )
+    assert rc == 2  # a failure, and the tasks that needed it not run
+    lines = (tmp_path / "log.txt").read_text().splitlines()
+    ended = {line.split()[1] for line in lines if line.startswith("end")}
+    # every other chain was built, c2 stopped at the task whose worker died
+    assert ended == {f"c{c}s{s}" for c in range(CHAINS) for s in range(STEPS)} - {
+        "c2s1",
+        "c2s2",
+    }
+    assert "the worker process running this task died (killed by signal 9)" in report.read_text()

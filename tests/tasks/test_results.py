@@ -37,6 +37,17 @@ def test_overlapping_tasks_get_different_workers():
     assert [r["worker"] for r in records] == [0, 1, 0]
 
 
+def test_a_worker_named_by_the_build_is_kept_and_the_rest_get_lanes_by_overlap():
+    records = [
+        {"task": "a", "start": 0.0, "end": 2.0, "worker": 1},  # from an -n worker
+        {"task": "b", "start": 0.5, "end": 3.0, "worker": 1},
+        {"task": "u", "start": 1.0, "end": 1.0},  # found up to date by the parent
+        {"task": "v", "start": 1.0, "end": 1.0},
+    ]
+    assign_workers(records)
+    assert [r["worker"] for r in records] == [1, 1, 0, 0]
+
+
 def test_chrome_trace_has_one_complete_event_per_task():
     records = [
         {"task": "compile:k.a.trace", "start": 10.0, "end": 10.5, "outcome": "ran", "worker": 0},

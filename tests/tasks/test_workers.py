@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -62,3 +63,17 @@ def test_a_parallel_build_from_a_warm_cache_writes_whole_chains_and_the_same_byt
     # every file the walk wrote is in its instance's manifest: `kiln clean` removes it
     run_kiln(project, "clean", check=True)
     assert [name for name in snapshot(project) if not name.endswith(".json")] == []
+
+
+def test_the_profile_of_a_parallel_build_names_the_worker_of_each_task(project):
+    proc = run_kiln(project, "compile", "-n", "2")
+    assert proc.returncode == 0, proc.stderr
+    records = json.loads((project / ".kiln" / "profile.json").read_text())["tasks"]
+    ran = [r for r in records if r["outcome"] == "ran"]
+    assert len(ran) == 20 and {r["worker"] for r in ran} <= {0, 1}
+    # a chain's stages all ran on the worker that ran its first one (tasks/affinity.py)
+    by_instance: dict[str, set[int]] = {}
+    for r in ran:
+        by_instance.setdefault(r["task"].rsplit(".", 1)[0], set()).add(r["worker"])
+    assert len(by_instance) == 4 and all(len(w) == 1 for w in by_instance.values())
+    assert all(r["start"] <= r["end"] for r in ran)
