@@ -1,4 +1,4 @@
-"""Which `-n` worker runs a task: every stage task of one kernel instance on the same one.
+"""Which `-n` process runs a task: every stage task of one kernel instance in the same one.
 
 A stage task that finds its artifact in the cache writes the rest of its
 chain from the cache at once (``cached.write_rest_of_chain``), and a stage

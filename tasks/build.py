@@ -18,13 +18,22 @@ from kiln.tasks.project import KernelInstance, Project
 from kiln.errors import KilnError
 
 
-def run_doit(project: Project | None, argv: list[str], *, fail_fast: bool = False) -> int:
+def run_doit(
+    project: Project | None,
+    argv: list[str],
+    *,
+    fail_fast: bool = False,
+    instances: list[KernelInstance] | None = None,
+    groups: tuple[str, ...] | None = None,
+) -> int:
     """Run a doit command line against the project's tasks; returns doit's exit code.
 
     Commands that run or change tasks hold the project lock while they run.
-    A failed task does not stop the others unless ``fail_fast``.
+    A failed task does not stop the others unless ``fail_fast``. ``instances``
+    and ``groups`` (task basenames) limit the tasks loaded to those the
+    command line can need.
     """
-    loader = KilnLoader(project, fail_fast=fail_fast)
+    loader = KilnLoader(project, instances, fail_fast=fail_fast, groups=groups)
     if doit_command(argv) is None:
         return DoitMain(loader).run(argv)
     locked = lock_for_command(loader.project, argv)
@@ -54,7 +63,7 @@ def compile_instances(
         # (capped: past that, more threads only add chains that a lost cluster sends home)
         argv = ["run", "-P", "thread", "-n", str(min(max(jobs * 16, 16), 64)), *names]
     try:
-        rc = run_doit(project, argv, fail_fast=fail_fast)
+        rc = run_doit(project, argv, fail_fast=fail_fast, instances=instances, groups=("compile",))
     finally:
         if executor is not None:
             close_clients()

@@ -103,6 +103,7 @@ class KilnReporter:
         self.state_dir = self.results_dir
         self.started: dict[str, float] = {}
         self.workers: dict[str, int] = {}  # task -> the `-n` worker that ran it
+        self.ended: dict[str, float] = {}  # task -> when its `-n` worker finished it
         self.records: list[dict] = []
 
     # -- doit hooks -------------------------------------------------------
@@ -132,15 +133,18 @@ class KilnReporter:
         pass
 
     def execute_task(self, task):
-        self.task_started(task, time.time())
+        self._started(task, time.time())
 
-    def task_started(self, task, at: float, worker: int | None = None) -> None:
-        """``task`` began at ``at``; from an `-n` build, with the worker that ran it."""
+    def task_ran(self, task, started: float, ended: float, worker: int) -> None:
+        """An `-n` worker ran ``task`` from ``started`` to ``ended`` (before its outcome)."""
+        self.ended[task.name] = ended
+        self.workers[task.name] = worker
+        self._started(task, started)
+
+    def _started(self, task, at: float) -> None:
         if task.subtask_of is None and task.has_subtask:
             return
         self.started[task.name] = at
-        if worker is not None:
-            self.workers[task.name] = worker
         if self.live:
             self.progress.update(self.bar, description=_describe(task.name))
         elif self.format == "human" and task.actions and self.verbosity == 1:
@@ -183,7 +187,8 @@ class KilnReporter:
             if how in self.cache_counts:
                 self.cache_counts[how] += 1
             if self.format == "human" and self.verbosity >= 2:
-                took = time.time() - self.started.get(task.name, time.time())
+                end = self.ended.get(task.name, time.time())
+                took = end - self.started.get(task.name, end)
                 self._write(f". {task.name} ({how or 'ran'}, {took:.2f} s)\n")
             self._advance()
             self._record(task, "ran")
@@ -263,7 +268,7 @@ class KilnReporter:
 
     # -- helpers ----------------------------------------------------------
     def _record(self, task, outcome: str, diagnostic: dict | None = None) -> None:
-        end = time.time()
+        end = self.ended.pop(task.name, None) or time.time()
         record = {
             "task": task.name,
             "start": self.started.pop(task.name, end),

@@ -131,11 +131,14 @@ class Inbox:
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(item)
 
-    def next_message(self, channels: dict[int, WorkerChannel]) -> tuple[int, dict | None]:
+    def next_message(
+        self, channels: dict[int, WorkerChannel], wait: bool = True
+    ) -> tuple[int, dict | None] | None:
         """(slot, message) of the next message from any worker; (slot, None) when a
-        worker process ended with nothing more to read."""
+        worker process ended with nothing more to read. Without ``wait``, None when
+        no worker has anything to say yet."""
         while True:
-            events = self.selector.select()
+            events = self.selector.select(None if wait else 0)
             ended = None
             for key, _ in events:
                 slot, is_result = key.data
@@ -144,6 +147,8 @@ class Inbox:
                 ended = slot
             if ended is not None:
                 return ended, None
+            if not wait:
+                return None
 
     def close(self) -> None:
         self.selector.close()
@@ -154,7 +159,7 @@ class WorkerPool:
 
     def __init__(self, slots: int, start: Callable[[WorkerEnd], object]):
         self.start_process = start  # starts a worker process on the given end, returns it
-        self.channels = {slot: WorkerChannel() for slot in range(slots)}
+        self.channels = {slot: WorkerChannel() for slot in range(slots)}  # slots 0..slots-1
         self.processes: dict[int, object] = {}
         self.inbox = Inbox()
 
@@ -164,8 +169,8 @@ class WorkerPool:
         channel.worker_started()
         self.inbox.watch(slot, channel, process)
 
-    def next_message(self) -> tuple[int, dict | None]:
-        return self.inbox.next_message(self.channels)
+    def next_message(self, wait: bool = True) -> tuple[int, dict | None] | None:
+        return self.inbox.next_message(self.channels, wait)
 
     def replace(self, slot: int, restart: bool) -> tuple[str | None, int | None]:
         """A worker ended unasked: (the job it was on, its exit code). The jobs queued

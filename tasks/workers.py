@@ -1,6 +1,7 @@
 """The worker processes of an `-n N` build: start method, shared imports, no orphans.
 
-doit runs `-n` tasks in multiprocessing workers. Loading tasks imports
+An `-n N` build runs tasks in the build process and in N - 1
+multiprocessing workers (tasks/queue_ahead.py). Loading tasks imports
 nothing heavy (a no-op build stays fast), so without help every worker
 would import numpy, ml_dtypes and the stages on its first task, once per
 worker: for a short build that is most of the work. Instead the parent
@@ -9,8 +10,8 @@ build with work to do forks), and forked workers share them; under the
 forkserver start method the server preloads them.
 
 ``KILN_MP_START=fork|spawn|forkserver`` picks the start method (default:
-Python's). Workers take their tasks from a queue kept a few jobs ahead
-(tasks/queue_ahead.py). Workers exit when the build that started them dies, so a
+Python's). Workers take their tasks from a pipe kept a few jobs ahead.
+Workers exit when the build that started them dies, so a
 killed build leaves no process behind (and none holding the project lock).
 """
 

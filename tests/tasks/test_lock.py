@@ -176,8 +176,8 @@ def test_killed_parallel_build_leaves_no_worker_and_no_lock(project):
     if not children.exists():
         pytest.skip("needs Linux /proc to find the workers")
     env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"))
-    build = subprocess.Popen(
-        [sys.executable, "-m", "kiln", "compile", "-n", "2"],
+    build = subprocess.Popen(  # -n 3: the build process and two workers
+        [sys.executable, "-m", "kiln", "compile", "-n", "3"],
         cwd=project,
         env=env,
         stdout=subprocess.DEVNULL,
