@@ -28,12 +28,14 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
     head, name = os.path.split(target)
     tmp = os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    # the open is inside the clean-up's reach: a Ctrl-C the moment it returns
+    # would otherwise leave the temp file behind
     try:
-        fd = os.open(tmp, flags, 0o666)  # umask applies
-    except FileNotFoundError:  # the directory is new: made only then, not probed every write
-        os.makedirs(head or ".", exist_ok=True)
-        fd = os.open(tmp, flags, 0o666)
-    try:
+        try:
+            fd = os.open(tmp, flags, 0o666)  # umask applies
+        except FileNotFoundError:  # a new directory: made only then, not probed every write
+            os.makedirs(head or ".", exist_ok=True)
+            fd = os.open(tmp, flags, 0o666)
         try:
             view = memoryview(data)
             while view:

@@ -160,6 +160,7 @@ class QueueAheadRunner(MRunner):
 
     def execute_task_subprocess(self, worker_end, result_q, reporter_class):
         """A worker's loop: run each job it is sent, send one message back per job."""
+        worker_end.listen_as_worker()
         keep_whole_chains()  # this worker is sent the later tasks of every chain it starts
         self.result_q = worker_end  # doit's teardown reports go through ``result_q.put``
         self.reporter = WorkerReports(worker_end, reporter_class)

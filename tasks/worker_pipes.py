@@ -21,6 +21,8 @@ import contextlib
 import multiprocessing
 import pickle
 import selectors
+import signal
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -28,6 +30,11 @@ from collections.abc import Callable
 # smallest pipe buffer of the systems Kiln runs on (64 KiB on Linux, 16 KiB at first
 # on macOS). A job is a task's pickled attributes, about 1-2 KiB for a stage task.
 JOB_BYTES_IN_FLIGHT = 12 * 1024
+STOP_GRACE = 5.0  # seconds a stopped worker has to exit before it is killed
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _dumps(obj) -> bytes:
@@ -103,6 +110,15 @@ class WorkerEnd:
         self.jobs = channel.job_reader
         self.results = channel.result_writer
 
+    @staticmethod
+    def listen_as_worker() -> None:
+        """In the worker, first thing: ignore Ctrl-C (the build process stops the
+        workers), and take SIGTERM as SystemExit, so that a write in progress
+        removes its temp file on the way out."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
     def next_job(self):
         return pickle.loads(self.jobs.recv_bytes())
 
@@ -165,7 +181,15 @@ class WorkerPool:
 
     def start(self, slot: int) -> None:
         channel = self.channels[slot]
-        process = self.processes[slot] = self.start_process(WorkerEnd(channel))
+        # Ctrl-C is the build process's to handle: a worker never sees it, not even
+        # while it starts (a KeyboardInterrupt in multiprocessing's start-up code
+        # prints a traceback). Blocked across the start, SIGINT stays pending for
+        # this process; the worker ignores it before unblocking it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            process = self.processes[slot] = self.start_process(WorkerEnd(channel))
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         channel.worker_started()
         self.inbox.watch(slot, channel, process)
 
@@ -201,9 +225,16 @@ class WorkerPool:
                 on_message(message)
 
     def terminate(self) -> None:
+        """Stop every worker: SIGTERM, which a worker answers by removing what it was
+        writing and exiting (``listen_as_worker``); SIGKILL for one that does not."""
         for process in self.processes.values():
             if process.is_alive():
                 process.terminate()
+        deadline = time.monotonic() + STOP_GRACE
+        for process in self.processes.values():
+            process.join(max(deadline - time.monotonic(), 0))
+            if process.is_alive():  # stuck in native code: no handler runs there
+                process.kill()
 
     def close(self) -> None:
         """Wait for every worker process to end, then close the pipes."""

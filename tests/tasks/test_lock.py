@@ -21,6 +21,7 @@ import pytest
 from kiln.tasks.lock import LockBusy, acquire, holds_lock, lock_path, read_holder, release
 
 from tests.conftest import REPO, run_kiln
+from tests.support.processes import child_pids, is_alive
 from tests.tasks.artifacts import clean_build, snapshot
 
 # a helper that takes the lock, says so, and holds it for argv[2] seconds
@@ -186,33 +187,15 @@ def test_killed_parallel_build_leaves_no_worker_and_no_lock(project):
     workers: list[int] = []
     deadline = time.monotonic() + 60
     while len(workers) < 2 and build.poll() is None and time.monotonic() < deadline:
-        workers = _children(build.pid)
+        workers = child_pids(build.pid)
         time.sleep(0.02)
     assert len(workers) >= 2, "the build never started its workers"
     build.kill()
     build.wait()
     deadline = time.monotonic() + 10
-    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+    while any(is_alive(w) for w in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(w) for w in workers), "workers outlived their build"
+    assert not any(is_alive(w) for w in workers), "workers outlived their build"
     after = run_kiln(project, "compile", "--no-wait", timeout=120)
     assert after.returncode == 0, after.stderr
     assert snapshot(project) == reference
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            found += [int(c) for c in task.read_text().split()]
-        except OSError:
-            pass
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"  # a zombie has exited; only its parent (init) has yet to reap it

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
+import yaml
 
 from tests.conftest import run_kiln
+from tests.support.ctrl_c import answer_ctrl_c
+from tests.support.processes import child_pids, is_alive
 from tests.tasks.artifacts import clean_build, snapshot
 
 
@@ -80,3 +86,41 @@ def test_the_profile_of_a_parallel_build_names_the_worker_of_each_task(project):
     for worker in (0, 1):
         spans = sorted((r["start"], r["end"]) for r in ran if r["worker"] == worker)
         assert all(a[0] <= a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_ctrl_c_stops_a_parallel_build_cleanly_and_the_next_build_finishes_it(project):
+    # enough instances that the build is still running when Ctrl-C comes
+    pipeline = yaml.safe_load((project / "pipeline.yaml").read_text())
+    for spec in pipeline["kernels"].values():
+        spec["shapes"] = {
+            f"{name}_{copy}": dims for copy in range(40) for name, dims in spec["shapes"].items()
+        }
+    (project / "pipeline.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+    reference = clean_build(project)
+    env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"))
+    build = subprocess.Popen(
+        [sys.executable, "-m", "kiln", "compile", "-n", "2"],
+        cwd=project,
+        env=env,
+        preexec_fn=answer_ctrl_c,
+        start_new_session=True,  # its own process group, as a terminal's job is
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (workers := child_pids(build.pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert workers and build.poll() is None, "the build never started its worker"
+    os.killpg(build.pid, signal.SIGINT)  # Ctrl-C reaches the whole group
+    out, err = build.communicate(timeout=60)
+    assert build.returncode == 130, out + err
+    assert "kiln: interrupted" in err and "Traceback" not in out + err
+    deadline = time.monotonic() + 10
+    while any(is_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(is_alive(w) for w in workers), "a worker outlived the build"
+    assert not [p for p in (project / "build").rglob("*.tmp")], "a half-written file was left"
+    done = run_kiln(project, "compile", "-n", "2", "--no-wait")
+    assert done.returncode == 0, done.stderr
+    assert snapshot(project) == reference
