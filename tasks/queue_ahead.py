@@ -44,7 +44,10 @@ from kiln.tasks.worker_pipes import WorkerEnd, WorkerPool
 
 from kiln.errors import KilnError
 
-JOBS_AHEAD_PER_WORKER = 2
+JOBS_AHEAD_PER_WORKER = 8
+# a new chain goes to the build process only when a worker has this many more queued
+# (enough that the worker keeps busy while the build process runs a task of its own)
+BUILD_PROCESS_HANDICAP = 2
 
 
 class QueueAheadRunner(MRunner):
@@ -63,7 +66,7 @@ class QueueAheadRunner(MRunner):
         feeder = JobFeeder(self, {**pool.channels, workers: local}, self._limit(), chain_of)
         # a new chain goes here only when the workers have more queued: the build
         # process also dispatches, and a worker with nothing queued waits on it
-        feeder.handicap[workers] = JOBS_AHEAD_PER_WORKER
+        feeder.handicap[workers] = BUILD_PROCESS_HANDICAP
         feeder.fill(None)
         try:
             # every worker, unless all there is to do is queued already: more tasks get
@@ -135,7 +138,7 @@ class QueueAheadRunner(MRunner):
         self.process_task_result(node, failure)
         feeder.done(node.task.name)
         # after a failure without --continue doit hands out nothing more: the few
-        # jobs already queued (two per worker on average) still run
+        # jobs already queued (up to JOBS_AHEAD_PER_WORKER per worker) still run
         feeder.fill(node)
 
     def _node_of(self, message: dict):
