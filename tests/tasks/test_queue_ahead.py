@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
@@ -318,12 +319,18 @@ def test_jobs_and_results_larger_than_a_pipe_buffer_all_get_through(tmp_path, qu
 
 def _die(log: str, name: str) -> None:
     _log(log, f"start {name} {os.getpid()}")
+    if multiprocessing.parent_process() is None:  # never the test's own process
+        raise AssertionError("the task meant to kill its worker ran in the build process")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_a_worker_killed_under_its_task_fails_that_task_and_the_build_goes_on(
-    tmp_path, queue_ahead
+    tmp_path, queue_ahead, monkeypatch
 ):
+    import kiln.tasks.queue_ahead as queue_ahead_module
+
+    # every job to the worker: the build process (this test's) runs none itself
+    monkeypatch.setattr(queue_ahead_module, "BUILD_PROCESS_HANDICAP", 10**9)
     namespace = _namespace(tmp_path / "log.txt")
     steps = namespace["task_step"]
 
