@@ -24,7 +24,7 @@ Targets: speed-up (-n 1 time / -n 2 time) at least 1.5x, and at least
 (2 when a build fails). On a busy machine both figures drop; the calibration shows how
 much, so compare the ratio before trusting the speed-up alone.
 
-    python benchmarks/parallel.py [--copies 64] [--repeat 3] [--dir DIR] [--quick]
+    python benchmarks/parallel.py [--copies 96] [--repeat 3] [--dir DIR] [--quick]
 
 The project lives on tmpfs when the machine has one (see scratch.py).
 """
@@ -130,7 +130,7 @@ def spin(procs: int, loops: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--copies", type=int, default=64, help="copies of each shape set")
+    ap.add_argument("--copies", type=int, default=96, help="copies of each shape set")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--loops", type=int, default=15_000_000, help="calibration work per half")
     ap.add_argument("--quick", action="store_true", help="a tiny run that checks the script")
