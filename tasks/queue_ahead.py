@@ -104,9 +104,7 @@ class QueueAheadRunner(MRunner):
         node = self.task_dispatcher.nodes[job.name]
         started = time.time()
         failure = self.execute_task(node.task)  # doit's own in-process run: reports the start
-        task_ran = getattr(self.reporter, "task_ran", None)
-        if task_ran is not None:
-            task_ran(node.task, started, time.time(), slot)
+        self._report_times(node.task, (started, time.time()), slot, start_reported=True)
         self._finish(feeder, node, failure)
 
     def _take_message(self, feeder: JobFeeder, pool: WorkerPool, slot: int, message) -> None:
@@ -151,14 +149,16 @@ class QueueAheadRunner(MRunner):
         if "reporter" in message:
             getattr(self.reporter, message["reporter"])(node.task)
 
-    def _report_times(self, task, times: tuple[float, float], worker: int) -> None:
-        # the reporter hears of a start when its result comes back, with the times it
-        # began and ended in the worker (one message per task instead of two); a
-        # reporter with no use for them gets doit's plain call
+    def _report_times(
+        self, task, times: tuple[float, float], worker: int, *, start_reported: bool = False
+    ) -> None:
+        # the reporter hears of a worker's task when its result comes back, with the
+        # times it began and ended there (one message per task instead of two); a
+        # reporter with no use for them gets doit's plain start report, if not had yet
         task_ran = getattr(self.reporter, "task_ran", None)
         if task_ran is not None:
             task_ran(task, *times, worker)
-        else:
+        elif not start_reported:
             self.reporter.execute_task(task)
 
     def execute_task_subprocess(self, worker_end, result_q, reporter_class):
@@ -241,7 +241,7 @@ class JobFeeder:
     def __init__(
         self,
         runner: MRunner,
-        job_qs: list,
+        job_qs: dict | list,  # per slot 0..n-1: anything with put(job)
         limit: int,
         group_of: Callable[[str], str | None] = lambda name: None,
     ):
