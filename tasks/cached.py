@@ -69,12 +69,6 @@ def _digest(path: str) -> str:
     return fsutil.file_digest(path)
 
 
-def _remember(path: str, data: bytes) -> None:
-    stat = _stat(path)
-    if stat is not None:
-        _written[path] = (stat, sha256(data))
-
-
 def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | None = None) -> str:
     """The action key of one stage of one instance (paths never enter it, only bytes).
 
@@ -174,7 +168,7 @@ def fetch_or_run(spec: dict, run) -> str:
         if key in produced:
             outputs, how = produced[key], COMPILED
     if outputs is not None:
-        write_outputs(artifact, outputs, spec["root"])
+        write_outputs(artifact, outputs, spec["root"], session.local)
         log.info("%s %s: %s from cache %s", spec["instance"], spec["stage"], how, artifact)
         written = [(spec, artifact, outputs)]
         settled = write_rest_of_chain(spec, session, outputs, produced, written)
@@ -183,10 +177,15 @@ def fetch_or_run(spec: dict, run) -> str:
         return how
     side = run(spec) or []
     try:
-        found = {"artifact": artifact.read_bytes()}
-        for name in side:
-            found[SIDE + name] = portable((artifact.parent / name).read_bytes(), spec["root"])
-        session.store(key, found)
+        found, sources = {}, {}
+        for name, path in [("artifact", artifact)] + [
+            (SIDE + n, artifact.parent / n) for n in side
+        ]:
+            data, identity = read_with_identity(path)
+            found[name] = data if name == "artifact" else portable(data, spec["root"])
+            if found[name] == data:  # the store's bytes are the file's: share the file
+                sources[name] = (str(path), identity)
+        session.store(key, found, sources)
     except OSError as exc:  # a full or read-only cache disk costs speed, not the build
         session.store_failed(exc)
     return COMPILED
@@ -231,7 +230,9 @@ def write_rest_of_chain(
                 break
             artifact = Path(later["artifact"])
             # the chain's first write swept this out dir a moment ago
-            write_outputs(artifact, found, later["root"], sweep=artifact.parent != first_dir)
+            write_outputs(
+                artifact, found, later["root"], session.local, sweep=artifact.parent != first_dir
+            )
             written.append((later, artifact, found))
             log.info(
                 "%s %s: %s from cache %s (written ahead)",
@@ -253,6 +254,13 @@ def write_rest_of_chain(
     return settled
 
 
+def read_with_identity(path: str | os.PathLike) -> tuple[bytes, tuple[int, int, int]]:
+    """A file's bytes and its (size, mtime, inode) as read: the file they came from."""
+    with open(path, "rb") as f:
+        identity = fsutil.stat_identity(os.fstat(f.fileno()))
+        return f.read(), identity
+
+
 def portable(data: bytes, root: str) -> bytes:
     """A side artifact (a source map) with the project's root path as a placeholder.
 
@@ -263,20 +271,30 @@ def portable(data: bytes, root: str) -> bytes:
 
 
 def write_outputs(
-    artifact: Path, outputs: dict[str, bytes], root: str, *, sweep: bool = True
+    artifact: Path, outputs: dict[str, bytes], root: str, store, *, sweep: bool = True
 ) -> None:
     """Write a stage's artifact and its side artifacts from cached outputs, atomically.
 
-    ``sweep`` False: the directory was just cleared of a killed build's temp files.
+    Each file is a hard link to its blob in ``store`` (the local store) where
+    it can be (see LocalStore.place), else a copy. ``sweep`` False: the
+    directory was just cleared of a killed build's temp files.
     """
     if sweep:
         fsutil.remove_stale_tmp(artifact.parent)  # left by a build killed mid-write
-    fsutil.write_bytes_atomic(artifact, outputs["artifact"])
-    _remember(str(artifact), outputs["artifact"])
+    data = outputs["artifact"]
+    digest = sha256(data)
+    store.place(digest, str(artifact), data)
+    stat = _stat(str(artifact))
+    if stat is not None:
+        _written[str(artifact)] = (stat, digest)
     for name, data in outputs.items():
         if name.startswith(SIDE):
+            target = str(artifact.parent / name[len(SIDE) :])
             local = data.replace(ROOT_PLACEHOLDER, str(root).encode())
-            fsutil.write_bytes_atomic(artifact.parent / name[len(SIDE) :], local)
+            if local is data or local == data:
+                store.place(sha256(data), target, data)
+            else:
+                fsutil.write_bytes_atomic(target, local)
 
 
 def record_many(root: str, fetched: list[tuple[dict, Path, dict[str, bytes]]]) -> None:

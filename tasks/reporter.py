@@ -374,7 +374,7 @@ def record_cache_counts(counts: dict) -> None:
     from kiln.cache.config import resolve_cache_config
     from kiln.cache.session import flush_sessions, write_last_build
 
-    flush_sessions()  # the fetched actions still being copied into the local store
+    flush_sessions()  # walks fetching ahead finish before the counts are read
     try:
         write_last_build(resolve_cache_config(None).local_dir, counts)
     except Exception:  # stats are a convenience; never fail a build over them

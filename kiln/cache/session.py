@@ -6,10 +6,7 @@ A process keeps one session per configuration, so the circuit breaker and
 
 from __future__ import annotations
 
-import atexit
 import json
-import multiprocessing
-import queue
 import threading
 
 from kiln.cache.config import CacheConfig
@@ -38,12 +35,7 @@ class CacheSession:
         # keys whose outputs were built in this build by a remote executor: compiled, not hits
         self.produced: set[str] = set()
         self.warned_unwritable = False
-        self._pending: queue.SimpleQueue = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
-        self._writer_lock = threading.Lock()
-        self._flush_at_exit = False
-        # fetched outputs on their way to the local store: a second lookup finds them here
-        self._waiting: dict[str, dict[str, bytes]] = {}
+        self._lock = threading.Lock()
         # fetched ahead into the local store (tasks/prefetch.py): fetches when found, not hits
         self.prefetched: set[str] = set()
         self.missing_remotely: set[str] = set()  # keys a walk found nowhere: not asked again
@@ -52,7 +44,7 @@ class CacheSession:
 
     def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
         """(outputs, how): from the local store (hit), the remote (fetched), or None."""
-        found = self.local.lookup(key) or self._waiting.get(key)
+        found = self.local.lookup(key)
         if found is not None:
             if key in self.produced:
                 return found, COMPILED
@@ -65,28 +57,14 @@ class CacheSession:
         return None, COMPILED
 
     def keep_fetched(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
-        """Copy a fetched action into the local store, behind the build where possible.
+        """Copy a fetched action into the local store, before its artifacts are written.
 
-        A clean clone fetches every action: writing each into the local store
-        on the build's own thread was a sixth of its time. The main process
-        hands them to one writer thread, drained before the process exits; a
-        worker process of ``-n N`` (which exits without atexit) writes at once.
+        Written first, its blobs become the artifacts' files too (hard links,
+        see LocalStore.place): a clean clone writes each artifact's bytes
+        once. Copying them on a thread behind the build, as plain files,
+        cost a clean clone more than this does.
         """
-        if multiprocessing.parent_process() is not None:
-            self._keep(key, found, digests)
-            return
-        with self._writer_lock:
-            if self._writer is None:
-                self._writer = threading.Thread(
-                    target=self._drain, name="kiln-local-store", daemon=True
-                )
-                self._writer.start()
-                if not self._flush_at_exit:
-                    atexit.register(self.flush)
-                    self._flush_at_exit = True
-            # under the lock: a flush now cannot queue its end marker ahead of this
-            self._waiting[key] = found
-            self._pending.put((key, found, digests))
+        self._keep(key, found, digests)
 
     def keep_prefetched(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
         """Store an action fetched ahead of its task (on a prefetch thread: at once)."""
@@ -97,7 +75,7 @@ class CacheSession:
         """A task is about to look up the chain named ``chain``: the prefetcher leaves it."""
         if chain is None:
             return
-        with self._writer_lock:
+        with self._lock:
             prefetcher = self.prefetcher
             if prefetcher is None:
                 self._claimed.add(chain)
@@ -106,27 +84,16 @@ class CacheSession:
 
     def prefetch(self, make) -> None:
         """Start ``make(chains already claimed)``, the build's prefetcher, once."""
-        with self._writer_lock:
+        with self._lock:
             if self.prefetcher is None:
                 self.prefetcher = make(set(self._claimed))
 
     def flush(self) -> None:
-        """Stop fetching ahead; wait until every fetched action is in the local store."""
-        with self._writer_lock:
+        """Stop fetching ahead: every walk under way has put its actions in the local store."""
+        with self._lock:
             prefetcher, self.prefetcher = self.prefetcher, None
         if prefetcher is not None:
             prefetcher.stop()
-        with self._writer_lock:
-            writer, self._writer = self._writer, None
-            if writer is not None:
-                self._pending.put(None)
-        if writer is not None:
-            writer.join()
-
-    def _drain(self) -> None:
-        while (item := self._pending.get()) is not None:
-            self._keep(*item)
-            self._waiting.pop(item[0], None)
 
     def _keep(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
         try:
@@ -138,8 +105,14 @@ class CacheSession:
 
             get_logger("cache").warning("could not keep action %s locally: %s", key, exc)
 
-    def store(self, key: str, outputs: dict[str, bytes]) -> None:
-        digests = self.local.store(key, outputs)
+    def store(
+        self,
+        key: str,
+        outputs: dict[str, bytes],
+        sources: dict[str, tuple[str, tuple[int, int, int]]] | None = None,
+    ) -> None:
+        """Store outputs just built; ``sources``: files holding them (see LocalStore.store)."""
+        digests = self.local.store(key, outputs, sources=sources)
         if self.remote is not None:
             self.remote.store(key, outputs, digests)
 

@@ -2,21 +2,36 @@
 
 Layout: ``cas/ab/<digest>`` holds bytes whose sha256 is ``<digest>``;
 ``ac/cd/<key>.json`` maps an action key to its output digests. Every write
-is atomic (temp file + rename), so concurrent builds sharing the directory
-never see half an object, and two writers of one key write the same bytes.
-A read touches the file's mtime: ``gc`` drops the least recently used.
+is atomic (temp file + rename, or a hard link made under its final name),
+so concurrent builds sharing the directory never see half an object, and
+two writers of one key write the same bytes.
+
+A blob and the build artifact holding the same bytes share one file (a
+hard link) where both live on one file system: a clean clone then writes
+each artifact once, not twice. Two rules keep that safe. Every blob read
+is hashed, so a blob changed through its other name (an artifact edited in
+place) is dropped, never returned. And a blob's mtime is never touched,
+since it is also the artifact's, which doit compares: a read touches the
+action entry instead, and ``gc`` drops the least recently used entries and
+the blobs no entry left needs.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.fsutil import write_bytes_atomic
+from kiln.fsutil import stat_identity, write_bytes_atomic
+
+# link(2) failures that mean "no hard links between these two places", not "try again"
+_NO_LINKS = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
 
 
 def sha256(data: bytes) -> str:
@@ -42,6 +57,10 @@ class LocalStore:
         # the hot paths build file names as strings: pathlib costs more than the I/O here
         self._cas = os.path.join(root, "cas")
         self._ac = os.path.join(root, "ac")
+        # blobs this process wrote or verified, by digest: (path, identity then); a link to
+        # one is trusted while its file still has that identity (see ``place``)
+        self._known: dict[str, tuple[str, tuple[int, int, int]]] = {}
+        self.links = True  # False once the file system refused a hard link: copy instead
 
     def blob_path(self, digest: str) -> Path:
         return Path(self._blob_file(digest))
@@ -61,22 +80,107 @@ class LocalStore:
         path = self._blob_file(digest)
         try:
             with open(path, "rb") as f:
+                identity = stat_identity(os.fstat(f.fileno()))
                 data = f.read()
         except OSError:
             return None
         if sha256(data) != digest:
             _unlink(path)
             return None
-        _touch(path)
+        self._known[digest] = (path, identity)
         return data
 
-    def put_blob(self, data: bytes, digest: str | None = None) -> str:
-        """Store ``data``; ``digest`` is its sha256 when the caller has just verified it."""
+    def put_blob(
+        self,
+        data: bytes,
+        digest: str | None = None,
+        source: tuple[str, tuple[int, int, int]] | None = None,
+    ) -> str:
+        """Store ``data``; ``digest`` is its sha256 when the caller has just verified it.
+
+        ``source``: (path, identity) of a file that held exactly ``data`` when
+        it had that identity (an artifact just written or read): the blob is
+        then a hard link to it, checked to be that very file, not a copy.
+        """
         digest = digest or sha256(data)
         path = self._blob_file(digest)
-        if not os.path.exists(path):
-            write_bytes_atomic(path, data)
+        if os.path.exists(path):
+            return digest
+        if source is not None and self.links and self._link_in(source, path):
+            self._known[digest] = (path, source[1])
+            return digest
+        write_bytes_atomic(path, data)
+        try:
+            self._known[digest] = (path, stat_identity(os.stat(path)))
+        except OSError:
+            pass
         return digest
+
+    def _link_in(self, source: tuple[str, tuple[int, int, int]], path: str) -> bool:
+        """Make ``path`` a hard link to ``source``'s file if it still is the file it was."""
+        try:
+            try:
+                os.link(source[0], path)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.link(source[0], path)
+        except FileExistsError:
+            return True  # another writer stored it first
+        except OSError as exc:
+            if exc.errno in _NO_LINKS:
+                self.links = False
+            return False
+        try:
+            same = stat_identity(os.stat(path)) == source[1]
+        except OSError:
+            same = False
+        if not same:  # replaced since it was read: the link may hold other bytes
+            _unlink(path)
+        return same
+
+    def place(self, digest: str, target: str, data: bytes) -> bool:
+        """Write ``data`` (whose sha256 is ``digest``) to ``target`` atomically.
+
+        A hard link to the blob when this process wrote or verified it and
+        its file is unchanged since, else a plain write; ``target`` is left
+        alone (mtime too) when it already holds ``data``. True when written.
+        """
+        known = self._known.get(digest) if self.links else None
+        if known is None:
+            return write_bytes_atomic(target, data)
+        blob, identity = known
+        try:
+            current = os.stat(target)
+        except OSError:
+            current = None
+        if current is not None and current.st_size == len(data):
+            if stat_identity(current) == identity:
+                return False  # already that very file
+            with open(target, "rb") as f:
+                if f.read() == data:
+                    return False
+        head, name = os.path.split(target)
+        tmp = os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            try:
+                os.link(blob, tmp)
+            except FileNotFoundError:
+                if not os.path.exists(blob):
+                    raise
+                os.makedirs(head or ".", exist_ok=True)
+                os.link(blob, tmp)
+            if stat_identity(os.stat(tmp)) != identity:
+                raise FileNotFoundError(blob)  # the blob changed since: not that file
+            os.replace(tmp, target)
+            return True
+        except OSError as exc:
+            _unlink(tmp)
+            if exc.errno in _NO_LINKS:
+                self.links = False
+            return write_bytes_atomic(target, data)
+        except BaseException:  # Ctrl-C: no temp file left behind
+            _unlink(tmp)
+            raise
 
     # -- action entries --------------------------------------------------------
     def get_action(self, key: str) -> dict[str, str] | None:
@@ -110,11 +214,23 @@ class LocalStore:
         return found
 
     def store(
-        self, key: str, outputs: dict[str, bytes], digests: dict[str, str] | None = None
+        self,
+        key: str,
+        outputs: dict[str, bytes],
+        digests: dict[str, str] | None = None,
+        sources: dict[str, tuple[str, tuple[int, int, int]]] | None = None,
     ) -> dict[str, str]:
-        """Store the outputs of ``key``; ``digests``: theirs by name, when already verified."""
+        """Store the outputs of ``key``; ``digests``: theirs by name, when already verified.
+
+        ``sources``: by name, (path, identity) of files holding those very
+        bytes, to link rather than copy (see ``put_blob``).
+        """
         known = digests or {}
-        digests = {name: self.put_blob(data, known.get(name)) for name, data in outputs.items()}
+        files = sources or {}
+        digests = {
+            name: self.put_blob(data, known.get(name), files.get(name))
+            for name, data in outputs.items()
+        }
         self.put_action(key, digests)
         return digests
 
@@ -132,22 +248,44 @@ class LocalStore:
         return StoreSize(entries=len(actions), blobs=len(blobs), bytes=total)
 
     def gc(self, max_bytes: int) -> tuple[int, int]:
-        """Drop least recently used files until the store fits ``max_bytes``.
+        """Drop least recently used action entries until the store fits ``max_bytes``.
 
-        Returns (files removed, bytes freed). An action entry whose blob
-        is gone is a miss, so removing blobs before entries is safe.
+        Returns (files removed, bytes freed). A blob goes with the last entry
+        that names it; blobs no entry names (a build storing right now, or
+        left by a killed one) take their turn by their own age. An entry
+        whose blob is gone is only a miss, so the order is always safe.
         """
         shutil.rmtree(self.root / "breakers", ignore_errors=True)  # past builds' markers
-        files = [(p, p.stat()) for p in self.files("cas") + self.files("ac")]
-        total = sum(st.st_size for _, st in files)
+        blobs = {p.name: (p, st) for p in self.files("cas") if (st := _stat(p)) is not None}
+        entries = []
+        for path in self.files("ac"):
+            st = _stat(path)
+            if st is None:
+                continue
+            try:
+                outputs = parse_action_entry(path.read_bytes()) or {}
+            except OSError:
+                outputs = {}
+            entries.append((st.st_mtime_ns, 1, path, st, set(outputs.values())))
+        needed = Counter(d for *_, digests in entries for d in digests)
+        orphans = [
+            (st.st_mtime_ns, 0, p, st, set()) for d, (p, st) in blobs.items() if d not in needed
+        ]
+        total = sum(st.st_size for _, st in blobs.values()) + sum(e[3].st_size for e in entries)
         removed = freed = 0
-        for path, st in sorted(files, key=lambda item: item[1].st_mtime_ns):
+        for _, _, path, st, digests in sorted(entries + orphans, key=lambda e: (e[0], e[1])):
             if total <= max_bytes:
                 break
-            _unlink(path)
-            total -= st.st_size
-            removed += 1
-            freed += st.st_size
+            dropped = [(path, st)]
+            for digest in digests:
+                needed[digest] -= 1
+                if needed[digest] == 0 and digest in blobs:
+                    dropped.append(blobs.pop(digest))
+            for file, file_st in dropped:
+                _unlink(file)
+                total -= file_st.st_size
+                removed += 1
+                freed += file_st.st_size
         return removed, freed
 
     def verify(self) -> tuple[int, list[str]]:
@@ -206,7 +344,12 @@ def _unlink(path: str | os.PathLike) -> None:
 
 
 def _size(path: Path) -> int:
+    st = _stat(path)
+    return 0 if st is None else st.st_size
+
+
+def _stat(path: Path) -> os.stat_result | None:
     try:
-        return path.stat().st_size
+        return path.stat()
     except OSError:
-        return 0
+        return None

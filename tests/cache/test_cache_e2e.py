@@ -59,6 +59,25 @@ def test_clean_clone_with_warm_remote_compiles_nothing(warm):
     assert f"0 local hits, {TASKS} fetched from the remote, 0 compiled" in stats
 
 
+def test_a_clone_shares_its_artifacts_with_the_local_store_and_stays_up_to_date(warm, tmp_path):
+    project, remote, local_bytes = warm
+    shared = {"KILN_REMOTE_CACHE": f"file://{remote}", "KILN_CACHE_DIR": str(tmp_path / "cache")}
+    first, second = clone(project, "clone-linked-a"), clone(project, "clone-linked-b")
+    run_kiln(first, "compile", env=shared, check=True)
+    edf = next(p for p in (first / "build").rglob("kernel.edf"))
+    # one file, two names: the clone wrote each artifact's bytes once
+    assert edf.stat().st_nlink == 2
+    mtimes = {p: p.stat().st_mtime_ns for p in (first / "build").rglob("kernel.*")}
+    # another checkout reading the same blobs must not touch them: their mtime is the
+    # first clone's artifacts' mtime too, and doit would rerun what it sees changed
+    run_kiln(second, "compile", env=shared, check=True)
+    stats = run_kiln(second, "cache", "stats", env=shared, check=True).stdout
+    assert f"{TASKS} local hits, 0 fetched from the remote, 0 compiled" in stats
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+    assert f"0 ran, {TASKS} up to date" in run_kiln(first, "compile", env=shared).stdout
+    assert artifacts(first) == artifacts(second) == local_bytes
+
+
 def test_damaged_remote_blob_is_rebuilt_and_overwritten(warm):
     project, remote, local_bytes = warm
     from kiln.cache.store import sha256

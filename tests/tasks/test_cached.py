@@ -114,15 +114,40 @@ def test_a_fetched_stage_writes_the_rest_of_its_chain_and_lists_it(tmp_path):
 
 
 def test_an_artifact_changed_after_the_walk_is_not_taken_on_trust(tmp_path):
+    import os
+
     from kiln.tasks.cached import fetch_or_run
 
     lir, sched = stored_chain(tmp_path)
     fetch_or_run(lir, lambda spec: None)
-    (tmp_path / "out" / "kernel.sched").write_bytes(b"edited by hand!")
+    target = tmp_path / "out" / "kernel.sched"
+    (tmp_path / "out" / "edited").write_bytes(b"edited by hand!")
+    os.replace(tmp_path / "out" / "edited", target)  # a new file under the artifact's name
     ran = []
     fetch_or_run(sched, lambda spec: ran.append(spec["stage"]))
     # looked up again: the store still has it, so the right bytes come back
-    assert ran == [] and (tmp_path / "out" / "kernel.sched").read_bytes() == b"sched bytes"
+    assert ran == [] and target.read_bytes() == b"sched bytes"
+
+
+def test_an_artifact_edited_in_place_is_rebuilt_not_restored_from_its_blob(tmp_path):
+    from kiln.tasks.cached import fetch_or_run
+
+    from kiln.fsutil import write_bytes_atomic
+
+    lir, sched = stored_chain(tmp_path)
+    fetch_or_run(lir, lambda spec: None)
+    target = tmp_path / "out" / "kernel.sched"
+    with open(target, "r+b") as f:  # the same file as its blob in the store
+        f.write(b"EDITED")
+    ran = []
+
+    def rebuild(spec):
+        ran.append(spec["stage"])
+        write_bytes_atomic(spec["artifact"], b"sched bytes")
+
+    # the damaged blob is found out by its digest and never written back
+    assert fetch_or_run(sched, rebuild) == "compiled"
+    assert ran == ["schedule"] and target.read_bytes() == b"sched bytes"
 
 
 def test_a_known_digest_is_used_only_while_the_file_is_as_it_was(tmp_path):
