@@ -358,9 +358,14 @@ def serialize(program: Program) -> bytes:
     return program.to_msgpack()
 
 
+def decode(data: bytes) -> Program:
+    """The program held by ``kernel.lir``'s bytes: ``read`` without the file."""
+    return Program.from_msgpack(data)
+
+
 def read(path: str | os.PathLike) -> Program:
     """Load ``kernel.lir``; ArtifactError naming the file if it is missing or corrupt."""
-    return read_artifact(path, "LIR artifact", Program.from_msgpack)
+    return read_artifact(path, "LIR artifact", decode)
 
 
 _UNIT_OF = {spec.name: spec.unit for spec in visa.OPS.values()}

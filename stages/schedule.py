@@ -214,9 +214,14 @@ def serialize(sp: ScheduledProgram) -> bytes:
     return sp.to_msgpack()
 
 
+def decode(data: bytes) -> ScheduledProgram:
+    """The scheduled program held by ``kernel.sched``'s bytes: ``read`` without the file."""
+    return ScheduledProgram.from_msgpack(data)
+
+
 def read(path: str | os.PathLike) -> ScheduledProgram:
     """Load a ``kernel.sched`` artifact; ArtifactError naming the file if it is corrupt."""
-    return read_artifact(path, "schedule artifact", ScheduledProgram.from_msgpack)
+    return read_artifact(path, "schedule artifact", decode)
 
 
 def verify(sp: ScheduledProgram, machine: dict) -> None:

@@ -104,6 +104,13 @@ def serialize(graph: Graph) -> bytes:
     return graph.to_json()
 
 
+def decode(data: bytes) -> Graph:
+    """The graph held by ``graph.json``'s bytes, checked: ``read`` without the file."""
+    graph = Graph.from_json(data)
+    graph.verify()
+    return graph
+
+
 def read(path: str | os.PathLike) -> Graph:
     """Load ``graph.json``; a missing, corrupt or invalid file is an ArtifactError naming it."""
     where = Location(str(path))
@@ -112,8 +119,7 @@ def read(path: str | os.PathLike) -> Graph:
     except OSError as exc:
         raise ArtifactError(f"cannot read graph artifact: {exc.strerror or exc}", where) from None
     try:
-        graph = Graph.from_json(raw)
-        graph.verify()
+        graph = decode(raw)
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         raise ArtifactError(
             f"corrupt graph artifact: {type(exc).__name__}: {exc}",

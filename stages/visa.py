@@ -89,6 +89,11 @@ def serialize(program: visa.Program) -> bytes:
     return visa.print_program(program).encode()
 
 
+def decode(data: bytes) -> visa.Program:
+    """The program held by a vISA artifact's bytes: ``read`` without the file."""
+    return visa.parse(data.decode())
+
+
 def read(path: str | Path) -> visa.Program:
     """Parse a vISA text artifact (or a hand-edited dump)."""
     path = Path(path)

@@ -30,9 +30,10 @@ log = get_logger("cache")
 SIDE = "side/"  # output names of side artifacts (source maps), next to the artifact
 ROOT_PLACEHOLDER = b"<kiln-project-root>"
 
-# Files this process wrote, with their digest, valid while (size, mtime, inode) hold:
-# the next stage's key needs its input's digest, and hashing it again is wasted work.
-_written: dict[str, tuple[tuple[int, int, int], str]] = {}
+# Files this process wrote or hashed, with their digest, valid while (size, mtime, inode)
+# hold: the next stage's key needs its input's digest, and every instance of a kernel
+# file hashes that file for its trace key: hashing either again is wasted work.
+_digests: dict[str, tuple[tuple[int, int, int], str]] = {}
 
 
 class Settled(NamedTuple):
@@ -63,10 +64,14 @@ def _key_inputs_stat(spec: dict) -> tuple:
 
 
 def _digest(path: str) -> str:
-    known = _written.get(path)
-    if known is not None and known[0] == _stat(path):
+    stat = _stat(path)
+    known = _digests.get(path)
+    if known is not None and known[0] == stat:
         return known[1]
-    return fsutil.file_digest(path)
+    digest = fsutil.file_digest(path)
+    if stat is not None:
+        _digests[path] = (stat, digest)
+    return digest
 
 
 def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | None = None) -> str:
@@ -77,7 +82,7 @@ def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | N
     """
     root = spec["root"]
     if "trace" in spec:
-        inputs = {_rel(p, root): fsutil.file_digest(p) for p in spec.get("sources", ())}
+        inputs = {_rel(p, root): _digest(p) for p in spec.get("sources", ())}
         extra = {"trace": spec["trace"]}
     else:
         inputs = {"input": input_digest or _digest(spec["input"])}
@@ -286,7 +291,7 @@ def write_outputs(
     store.place(digest, str(artifact), data)
     stat = _stat(str(artifact))
     if stat is not None:
-        _written[str(artifact)] = (stat, digest)
+        _digests[str(artifact)] = (stat, digest)
     for name, data in outputs.items():
         if name.startswith(SIDE):
             target = str(artifact.parent / name[len(SIDE) :])
@@ -312,7 +317,7 @@ def record_many(root: str, fetched: list[tuple[dict, Path, dict[str, bytes]]]) -
         entries.append(
             (path, [str(artifact.parent / n[len(SIDE) :]) for n in outputs if n.startswith(SIDE)])
         )
-        memo = _written.get(path)
+        memo = _digests.get(path)
         if memo is not None:
             known[path] = memo  # (stat, sha256) from the write just done
     manifest.record_artifacts(str(fetched[0][1].parent), entries, known=known)

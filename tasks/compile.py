@@ -9,6 +9,7 @@ is a stamp file among its file_deps (see tasks/digest.py).
 
 from __future__ import annotations
 
+import inspect
 import os
 
 from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
@@ -185,3 +186,8 @@ def _run_stage(spec: dict):
     guard_worker()  # an -n worker exits when its build dies
 
     return run_stage(spec)
+
+
+# doit reads an action's signature on every call (to offer it targets, changed, ...):
+# given once, it is not worked out again for each of a build's thousands of tasks
+_run_stage.__signature__ = inspect.signature(_run_stage)

@@ -103,7 +103,7 @@ def _add(
     for path in paths:
         for file in written_files(path):
             st = os.stat(file)
-            rel = os.path.relpath(file, directory)
+            rel = _relative(file, directory)
             memo = known.get(file)
             if memo is not None and memo[0] == stat_identity(st):
                 digest = memo[1]
@@ -111,9 +111,17 @@ def _add(
                 digest = file_digest(file)
             files[rel] = [st.st_size, st.st_mtime_ns, digest]
     if paths:
-        side_map[os.path.relpath(paths[0], directory)] = sorted(
-            os.path.relpath(side, directory) for side in sides
+        side_map[_relative(paths[0], directory)] = sorted(
+            _relative(side, directory) for side in sides
         )
+
+
+def _relative(path: str, directory: str) -> str:
+    """``os.path.relpath`` (which works out both absolute paths: slow, per file of a build)."""
+    prefix = directory.rstrip(os.sep) + os.sep
+    if path.startswith(prefix) and os.path.normpath(path) == path:
+        return path[len(prefix) :]
+    return os.path.relpath(path, directory)
 
 
 INDEX = "manifests.json"  # in the state dir: every instance's manifest, in one file

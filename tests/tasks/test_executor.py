@@ -48,3 +48,27 @@ def test_worker_refuses_a_client_with_other_stage_code():
     }
     result = run_chain(payload)
     assert "kiln.stages.lir" in result["refused"] and "0" * 16 in result["refused"]
+
+
+def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_file(project):
+    import importlib
+    import types
+
+    from kiln.tasks.chain_worker import _take_input
+
+    from tests.conftest import run_kiln
+
+    run_kiln(project, "compile", "vector_add", check=True)
+    out = next(p.parent for p in (project / "build").rglob("kernel.edf"))
+    for module, name in (
+        ("kiln.stages.trace", "graph.json"),
+        ("kiln.stages.visa", "kernel.visa"),
+        ("kiln.stages.lir", "kernel.lir"),
+        ("kiln.stages.schedule", "kernel.sched"),
+    ):
+        stage = importlib.import_module(module)
+        data = (out / name).read_bytes()
+        assert _take_input(stage, data, project, 1) == stage.read(out / name), module
+        # a stage without decode (a user's own) still works: through a file and read
+        plain = types.SimpleNamespace(read=stage.read)
+        assert _take_input(plain, data, project, 1) == stage.read(out / name), module
