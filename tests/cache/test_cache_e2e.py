@@ -78,6 +78,22 @@ def test_a_clone_shares_its_artifacts_with_the_local_store_and_stays_up_to_date(
     assert artifacts(first) == artifacts(second) == local_bytes
 
 
+def test_an_artifact_edited_in_place_in_one_checkout_is_rebuilt_in_another(warm, tmp_path):
+    project, remote, local_bytes = warm
+    shared = {"KILN_REMOTE_CACHE": f"file://{remote}", "KILN_CACHE_DIR": str(tmp_path / "cache")}
+    mine, theirs = clone(project, "clone-edit-a"), clone(project, "clone-edit-b")
+    run_kiln(mine, "compile", env=shared, check=True)
+    run_kiln(theirs, "compile", env=shared, check=True)  # local hits: the same files
+    lir = next(p for p in (mine / "build").rglob("kernel.lir"))
+    other = theirs / lir.relative_to(mine)
+    assert lir.stat().st_ino == other.stat().st_ino
+    with open(lir, "r+b") as f:  # by hand, in place: through every name of the file
+        f.write(b"\xff" * 16)
+    # the other checkout finds its artifact damaged, and the store's copy too: rebuilt
+    run_kiln(theirs, "compile", env=shared, check=True)
+    assert artifacts(theirs) == local_bytes
+
+
 def test_damaged_remote_blob_is_rebuilt_and_overwritten(warm):
     project, remote, local_bytes = warm
     from kiln.cache.store import sha256
