@@ -222,17 +222,23 @@ def write_rest_of_chain(
     input_digest = sha256(outputs["artifact"])
     graph_digest = input_digest if "trace" in spec else None
     first_dir = Path(spec["artifact"]).parent
+    rest = chain[spec["stage_index"] + 1 :]
+    ahead: dict[str, dict[str, bytes]] = {}  # fetched with an earlier stage, in one trip
     try:
-        for later in chain[spec["stage_index"] + 1 :]:
-            if later["dumps"] or "tuning" in later:
+        for position, later in enumerate(rest):
+            if not walks_on(later):
                 break
             key = stage_key(later, input_digest=input_digest, graph_digest=graph_digest)
             if produced and key in produced:
                 found, how = produced[key], COMPILED
+            elif key in ahead:
+                found, how = ahead.pop(key), FETCHED
             else:
-                found, how = session.lookup(key)
-            if found is None:
-                break
+                run = session.lookup_run(key, _keys_after(rest, position, graph_digest))
+                if not run:
+                    break
+                _, found, how = run[0]
+                ahead = {later_key: outputs for later_key, outputs, _ in run[1:]}
             artifact = Path(later["artifact"])
             # the chain's first write swept this out dir a moment ago
             write_outputs(
@@ -257,6 +263,23 @@ def write_rest_of_chain(
     except OSError as exc:  # the walk only saves time: its stages' own tasks do the work
         log.warning("could not write ahead from the cache after %s: %s", spec["artifact"], exc)
     return settled
+
+
+def walks_on(spec: dict) -> bool:
+    """Whether a chain's walk may write this stage ahead: not if it dumps or is tuned."""
+    return not spec["dumps"] and "tuning" not in spec
+
+
+def _keys_after(rest: list[dict], position: int, graph_digest: str | None):
+    """``next_key`` for a remote run from ``rest[position]`` (see RemoteStore.lookup_run)."""
+
+    def next_key(count: int, digests: dict[str, str]) -> str | None:
+        index = position + count
+        if index >= len(rest) or not walks_on(rest[index]) or "artifact" not in digests:
+            return None
+        return stage_key(rest[index], input_digest=digests["artifact"], graph_digest=graph_digest)
+
+    return next_key
 
 
 def read_with_identity(path: str | os.PathLike) -> tuple[bytes, tuple[int, int, int]]:

@@ -15,6 +15,7 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from kiln.cache.store import action_entry, parse_action_entry, sha256
 from kiln.errors import KilnError
@@ -215,6 +216,37 @@ class RemoteStore:
         if read is None:
             return None
         outputs, blobs = read
+        found = self._verified(key, outputs, blobs)
+        return None if found is None else (found, outputs)
+
+    def lookup_run(
+        self, key: str, next_key: Callable[[int, dict[str, str]], str | None]
+    ) -> list[tuple[str, dict[str, bytes], dict[str, str]]]:
+        """(key, outputs, digests) of ``key`` and the actions after it, in one trip.
+
+        ``next_key(n, digests)``: the key of the action after the ``n``-th
+        one read, whose output digests are ``digests`` (None: stop). A
+        stage chain's keys follow from the digests in its entries, so the
+        entries are read one after the other and every blob of the run in
+        one call (concurrently on S3), instead of a trip per action. The
+        run ends at the first action missing, bad or unverified.
+        """
+        read = self._call(f"reading actions from {key}", self._read_run, key, next_key)
+        if read is None:
+            return []
+        entries, blobs = read
+        run = []
+        for entry_key, outputs in entries:
+            found = self._verified(entry_key, outputs, blobs)
+            if found is None:
+                break
+            run.append((entry_key, found, outputs))
+        return run
+
+    def _verified(
+        self, key: str, outputs: dict[str, str] | None, blobs: dict[str, bytes]
+    ) -> dict[str, bytes] | None:
+        """The outputs of ``key``'s entry, each blob checked against its digest; or None."""
         if outputs is None:
             self._bad_object(key, "not a Kiln action entry")
             return None
@@ -231,7 +263,7 @@ class RemoteStore:
             found[name] = data
         with self._lock:  # prefetch threads fetch side by side
             self.fetched_bytes += sum(len(data) for data in found.values())
-        return found, outputs
+        return found
 
     def _read_action(self, key: str) -> tuple[dict[str, str] | None, dict[str, bytes]]:
         """(output name -> digest, digest -> bytes): the entry and its blobs in one call.
@@ -243,6 +275,24 @@ class RemoteStore:
         if outputs is None:
             return None, {}
         return outputs, self._read_blobs([self._path("cas", d) for d in outputs.values()])
+
+    def _read_run(
+        self, key: str, next_key: Callable[[int, dict[str, str]], str | None]
+    ) -> tuple[list[tuple[str, dict[str, str] | None]], dict[str, bytes]]:
+        """([(key, output name -> digest)], digest -> bytes) of a run; see ``lookup_run``."""
+        entries: list[tuple[str, dict[str, str] | None]] = []
+        while key is not None:
+            try:
+                outputs = parse_action_entry(self.fs.cat_file(self._path("ac", key)))
+            except FileNotFoundError:
+                break
+            entries.append((key, outputs))
+            if outputs is None:
+                break
+            key = next_key(len(entries), outputs)
+        digests = {d for _, outputs in entries if outputs for d in outputs.values()}
+        blobs = self._read_blobs([self._path("cas", d) for d in sorted(digests)]) if digests else {}
+        return entries, blobs
 
     def _read_blobs(self, paths: list[str]) -> dict[str, bytes | None]:
         """digest -> bytes of every blob, in one call (concurrent on async backends).

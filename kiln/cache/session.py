@@ -46,15 +46,37 @@ class CacheSession:
         """(outputs, how): from the local store (hit), the remote (fetched), or None."""
         found = self.local.lookup(key)
         if found is not None:
-            if key in self.produced:
-                return found, COMPILED
-            return found, FETCHED if key in self.prefetched else HIT
+            return found, self._how_stored(key)
         if self.remote is not None and key not in self.missing_remotely:
             fetched = self.remote.lookup_verified(key)
             if fetched is not None:
                 self.keep_fetched(key, *fetched)
                 return fetched[0], FETCHED
         return None, COMPILED
+
+    def lookup_run(self, key: str, next_key) -> list[tuple[str, dict[str, bytes], str]]:
+        """[(key, outputs, how)] of ``key``, then of the actions after it fetched in the same trip.
+
+        A local hit is ``key`` alone. On a local miss the remote gives the
+        run of actions that follow (``RemoteStore.lookup_run``), all kept
+        locally. Empty: ``key`` is in neither store.
+        """
+        found = self.local.lookup(key)
+        if found is not None:
+            return [(key, found, self._how_stored(key))]
+        if self.remote is None or key in self.missing_remotely:
+            return []
+        run = self.remote.lookup_run(key, next_key)
+        if not run and not self.remote.broken:
+            self.missing_remotely.add(key)  # built locally now: not asked for again
+        for fetched_key, found, digests in run:
+            self.keep_fetched(fetched_key, found, digests)
+        return [(fetched_key, found, FETCHED) for fetched_key, found, _ in run]
+
+    def _how_stored(self, key: str) -> str:
+        if key in self.produced:
+            return COMPILED
+        return FETCHED if key in self.prefetched else HIT
 
     def keep_fetched(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
         """Copy a fetched action into the local store, before its artifacts are written.

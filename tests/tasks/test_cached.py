@@ -170,3 +170,54 @@ def test_a_known_digest_is_used_only_while_the_file_is_as_it_was(tmp_path):
         str(tmp_path), [(str(artifact), [])], known={str(artifact): (stat, "d" * 64)}
     )
     assert manifest.read(str(tmp_path))["kernel.edf"][2] == sha256(b"other bytes!")
+
+
+def test_a_clone_fetches_the_rest_of_a_chain_in_one_remote_trip(tmp_path, monkeypatch):
+    import pytest
+
+    pytest.importorskip("fsspec", reason="the remote cache needs kiln[distributed]")
+    from kiln.tasks.cached import fetch_or_run, stage_key
+
+    from kiln.cache.config import CacheConfig
+    from kiln.cache.remote import RemoteStore
+    from kiln.cache.store import sha256
+
+    base = tmp_path
+    (base / "graph.json").write_bytes(b"graph bytes")
+    url = f"file://{base}/team"
+    config = CacheConfig(local_dir=str(base / "store"), remote=url)
+    common = {"root": str(base), "instance": "k.small", "options": {}, "machine": {"sram": 1}}
+    common.update(dumps=[], cache=config.to_dict())
+    chain, previous = [], str(base / "graph.json")
+    for index, (stage, artifact) in enumerate(
+        [("visa", "kernel.visa"), ("lir", "kernel.lir"), ("schedule", "kernel.sched")]
+    ):
+        spec = dict(common, stage=stage, stage_index=index, module=f"kiln.stages.{stage}")
+        spec.update(input=previous, artifact=str(base / "out" / artifact))
+        chain.append(spec)
+        previous = spec["artifact"]
+    for spec in chain:
+        spec["chain"] = chain
+    remote = RemoteStore(url)
+    digest = None
+    for spec in chain:
+        data = f"{spec['stage']} bytes".encode()
+        remote.store(
+            stage_key(spec, input_digest=digest), {"artifact": data}, {"artifact": sha256(data)}
+        )
+        digest = sha256(data)
+
+    trips = []
+    real = RemoteStore._call
+    monkeypatch.setattr(
+        RemoteStore, "_call", lambda self, what, *a: trips.append(what) or real(self, what, *a)
+    )
+
+    def must_not_run(spec):
+        raise AssertionError(f"{spec['stage']} ran although the remote has it")
+
+    assert fetch_or_run(chain[0], must_not_run) == "fetched"
+    for spec in chain:
+        assert open(spec["artifact"], "rb").read() == f"{spec['stage']} bytes".encode()
+    # the task's own action, then the lir and schedule actions together
+    assert len(trips) == 2, trips
