@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from kiln.tasks.affinity import whole_chains_here
 from kiln.tasks.digest import stage_module_info
-from kiln.tasks.prefetch import Prefetcher, chain_id, worth_prefetching
+from kiln.tasks.prefetch import Prefetcher, chain_id, walkable, worth_prefetching
 
 from kiln import fsutil
 from kiln.cache.action import action_key
@@ -226,7 +226,7 @@ def write_rest_of_chain(
     ahead: dict[str, dict[str, bytes]] = {}  # fetched with an earlier stage, in one trip
     try:
         for position, later in enumerate(rest):
-            if not walks_on(later):
+            if not walkable(later):
                 break
             key = stage_key(later, input_digest=input_digest, graph_digest=graph_digest)
             if produced and key in produced:
@@ -265,17 +265,12 @@ def write_rest_of_chain(
     return settled
 
 
-def walks_on(spec: dict) -> bool:
-    """Whether a chain's walk may write this stage ahead: not if it dumps or is tuned."""
-    return not spec["dumps"] and "tuning" not in spec
-
-
 def _keys_after(rest: list[dict], position: int, graph_digest: str | None):
     """``next_key`` for a remote run from ``rest[position]`` (see RemoteStore.lookup_run)."""
 
     def next_key(count: int, digests: dict[str, str]) -> str | None:
         index = position + count
-        if index >= len(rest) or not walks_on(rest[index]) or "artifact" not in digests:
+        if index >= len(rest) or not walkable(rest[index]) or "artifact" not in digests:
             return None
         return stage_key(rest[index], input_digest=digests["artifact"], graph_digest=graph_digest)
 

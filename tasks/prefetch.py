@@ -159,28 +159,51 @@ class Prefetcher:
         return None
 
     def _walk(self, chain: list[dict]) -> None:
-        """Fetch each stage's action in turn, until one is missing everywhere or dumps."""
-        session, remote = self.session, self.session.remote
-        input_digest = graph_digest = None
+        """Fetch the chain's actions in order, until one is missing everywhere or dumps.
+
+        From the first stage the local store lacks, the rest comes from the
+        remote in one trip (``CacheSession.fetch_run``), as far as it goes.
+        """
+        session = self.session
+        before: dict[str, str] | None = None  # output digests of the stage before ``index``
+        graph_digest = None
         for index, spec in enumerate(chain):
-            if self._stopped or spec["dumps"] or "tuning" in spec or remote.broken:
+            if self._stopped or not walkable(spec) or session.remote.broken:
+                return
+            input_digest = None if before is None else before.get("artifact")
+            if index > 0 and input_digest is None:
                 return
             # both None for the first stage: its key hashes its own inputs
             key = self._key_of(spec, input_digest=input_digest, graph_digest=graph_digest)
-            digests = session.local.get_action(key)
-            if digests is None:
-                fetched = remote.lookup_verified(key)
-                if fetched is None:
-                    if not remote.broken:
-                        session.missing_remotely.add(key)  # its task need not ask again
-                    return
-                found, digests = fetched
-                session.keep_prefetched(key, found, digests)
-            input_digest = digests.get("artifact")
-            if input_digest is None:
+            before = session.local.get_action(key)
+            if before is None:
+                session.fetch_run(key, self._keys_after(chain, index, graph_digest), ahead=True)
                 return
             if index == 0 and "trace" in spec:
-                graph_digest = input_digest  # the traced graph: what the binary records
+                graph_digest = before.get("artifact")  # the traced graph: what the binary records
+
+    def _keys_after(self, chain: list[dict], start: int, graph_digest: str | None):
+        """``next_key`` for a remote run from ``chain[start]``: the walk's keys, in order."""
+        graph = graph_digest
+
+        def next_key(count: int, digests: dict[str, str]) -> str | None:
+            nonlocal graph
+            if start == 0 and count == 1 and "trace" in chain[0]:
+                graph = digests.get("artifact")
+            index = start + count
+            if index >= len(chain) or not walkable(chain[index]) or "artifact" not in digests:
+                return None
+            return self._key_of(chain[index], input_digest=digests["artifact"], graph_digest=graph)
+
+        return next_key
+
+
+def walkable(spec: dict) -> bool:
+    """Whether a chain's walk may fetch or write this stage ahead of its own task.
+
+    Not a stage that dumps or is tuned: its own task decides.
+    """
+    return not spec["dumps"] and "tuning" not in spec
 
 
 def chain_id(spec: dict) -> str | None:

@@ -64,14 +64,30 @@ class CacheSession:
         found = self.local.lookup(key)
         if found is not None:
             return [(key, found, self._how_stored(key))]
+        return [
+            (fetched, outputs, FETCHED) for fetched, outputs, _ in self.fetch_run(key, next_key)
+        ]
+
+    def fetch_run(
+        self, key: str, next_key, *, ahead: bool = False
+    ) -> list[tuple[str, dict[str, bytes], dict[str, str]]]:
+        """The remote's run of actions from ``key`` (RemoteStore.lookup_run), kept locally.
+
+        The action the run stopped at is one the remote lacks (or holds
+        damaged): it is not asked for again this build. ``ahead``: fetched
+        ahead of its task (tasks/prefetch.py).
+        """
         if self.remote is None or key in self.missing_remotely:
             return []
         run = self.remote.lookup_run(key, next_key)
-        if not run and not self.remote.broken:
-            self.missing_remotely.add(key)  # built locally now: not asked for again
-        for fetched_key, found, digests in run:
-            self.keep_fetched(fetched_key, found, digests)
-        return [(fetched_key, found, FETCHED) for fetched_key, found, _ in run]
+        keep = self.keep_prefetched if ahead else self.keep_fetched
+        for fetched, outputs, digests in run:
+            keep(fetched, outputs, digests)
+        if not self.remote.broken:
+            after = next_key(len(run), run[-1][2]) if run else key
+            if after is not None:
+                self.missing_remotely.add(after)
+        return run
 
     def _how_stored(self, key: str) -> str:
         if key in self.produced:

@@ -35,18 +35,31 @@ class SlowRemote:
         self.gate.set()
 
     def lookup_verified(self, key: str):
+        run = self.lookup_run(key, lambda count, digests: None)
+        return (run[0][1], run[0][2]) if run else None
+
+    def lookup_run(self, key: str, next_key):
+        """One trip, as RemoteStore.lookup_run: ``key`` and the actions after it."""
         with self.lock:
-            self.asked.append(key)
+            self.asked.append(key)  # the trip has started
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
         assert self.gate.wait(10)
         time.sleep(self.delay)
         with self.lock:
             self.in_flight -= 1
-        found = self.entries.get(key)
-        if found is None:
-            return None
-        return found, {name: sha256(data) for name, data in found.items()}
+        run = []
+        while key is not None:
+            if run:
+                with self.lock:
+                    self.asked.append(key)
+            found = self.entries.get(key)
+            if found is None:
+                break
+            digests = {name: sha256(data) for name, data in found.items()}
+            run.append((key, found, digests))
+            key = next_key(len(run), digests)
+        return run
 
 
 def key_of(spec: dict, input_digest: str | None = None, graph_digest: str | None = None) -> str:
