@@ -64,7 +64,10 @@ def cmd_cache(args) -> int:
         except (OSError, ValueError):
             last = {}
         print(f"kiln cache: {store.root}")
-        print(f"  entries: {size.entries} actions, {size.blobs} blobs, {_human(size.bytes)}")
+        shared = f" ({_human(size.shared)} of it shared with out dirs)" if size.shared else ""
+        print(
+            f"  entries: {size.entries} actions, {size.blobs} blobs, {_human(size.bytes)}{shared}"
+        )
         if last:
             print(
                 f"  last build: {last.get('hit', 0)} local hits, {last.get('fetched', 0)} "
@@ -76,8 +79,11 @@ def cmd_cache(args) -> int:
     if args.cache_command == "gc":
         limit = parse_size(args.max_size)
         removed, freed = store.gc(limit)
-        now = _human(store.size().bytes)
-        print(f"kiln cache: removed {removed} files ({_human(freed)}); now {now}")
+        size = store.size()
+        print(f"kiln cache: removed {removed} files ({_human(freed)}); now {_human(size.bytes)}")
+        if size.shared:
+            # a blob that is also an artifact frees its disk only when the artifact goes too
+            print(f"  {_human(size.shared)} of it shared with out dirs (hard links)")
         return 0
     checked, dropped = store.verify()
     for path in dropped:

@@ -101,9 +101,12 @@ class DeadlineCaller:
     def __init__(self):
         self._jobs: queue.SimpleQueue | None = None
 
-    def call(self, fn, args: tuple, timeout: float) -> dict | None:
+    def call(self, fn, args: tuple, timeout: float, progress: list | None = None) -> dict | None:
         """{"value": ...} or {"error": exc}; None when no answer came in time.
 
+        ``progress``: a one-item list where ``fn`` puts ``time.monotonic()``
+        after each step of a call made of several reads; the deadline then
+        runs from the last step, so each read gets ``timeout``, not the whole.
         One caller per calling thread: calls through it never overlap.
         """
         done = threading.Event()
@@ -114,11 +117,13 @@ class DeadlineCaller:
                 target=_serve, args=(self._jobs,), name="kiln-remote-cache", daemon=True
             ).start()
         jobs = self._jobs
+        last_step = progress or [time.monotonic()]
         jobs.put((fn, args, outcome, done))
-        if not done.wait(timeout):
-            self._jobs = None  # that thread is stuck: leave it behind
-            jobs.put(None)  # and let it end if it ever comes back
-            return None
+        while not done.wait(max(last_step[0] + timeout - time.monotonic(), 0.0)):
+            if time.monotonic() >= last_step[0] + timeout:
+                self._jobs = None  # that thread is stuck: leave it behind
+                jobs.put(None)  # and let it end if it ever comes back
+                return None
         return outcome
 
 
@@ -155,8 +160,10 @@ class RemoteStore:
         self._lock = threading.Lock()
         self._callers = threading.local()  # one serving thread per calling thread
 
-    def _call(self, what: str, fn, *args):
+    def _call(self, what: str, fn, *args, progress: list | None = None):
         """fn(*args) within the deadline; on any failure trip the breaker and return None.
+
+        ``progress``: see ``DeadlineCaller.call`` (a call of several reads).
 
         The call runs on a daemon thread: a backend stuck past the deadline
         (a dead NFS server) is abandoned and cannot hold up the exit.
@@ -169,7 +176,7 @@ class RemoteStore:
         caller = getattr(self._callers, "caller", None)
         if caller is None:
             caller = self._callers.caller = DeadlineCaller()
-        outcome = caller.call(fn, args, self.timeout)
+        outcome = caller.call(fn, args, self.timeout, progress)
         if outcome is None:
             self._trip(f"no answer within {self.timeout:g} s while {what}")
             return None
@@ -231,7 +238,15 @@ class RemoteStore:
         one call (concurrently on S3), instead of a trip per action. The
         run ends at the first action missing, bad or unverified.
         """
-        read = self._call(f"reading actions from {key}", self._read_run, key, next_key)
+        progress = [time.monotonic()]
+        read = self._call(
+            f"reading actions from {key}",
+            self._read_run,
+            key,
+            next_key,
+            progress,
+            progress=progress,
+        )
         if read is None:
             return []
         entries, blobs = read
@@ -277,15 +292,19 @@ class RemoteStore:
         return outputs, self._read_blobs([self._path("cas", d) for d in outputs.values()])
 
     def _read_run(
-        self, key: str, next_key: Callable[[int, dict[str, str]], str | None]
+        self, key: str, next_key: Callable[[int, dict[str, str]], str | None], progress: list
     ) -> tuple[list[tuple[str, dict[str, str] | None]], dict[str, bytes]]:
-        """([(key, output name -> digest)], digest -> bytes) of a run; see ``lookup_run``."""
+        """([(key, output name -> digest)], digest -> bytes) of a run; see ``lookup_run``.
+
+        Each read sets ``progress[0]``: the deadline is per read, not per run.
+        """
         entries: list[tuple[str, dict[str, str] | None]] = []
         while key is not None:
             try:
                 outputs = parse_action_entry(self.fs.cat_file(self._path("ac", key)))
             except FileNotFoundError:
                 break
+            progress[0] = time.monotonic()
             entries.append((key, outputs))
             if outputs is None:
                 break

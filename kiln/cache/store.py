@@ -24,14 +24,20 @@ import json
 import os
 import secrets
 import shutil
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.fsutil import stat_identity, write_bytes_atomic
 
-# link(2) failures that mean "no hard links between these two places", not "try again"
-_NO_LINKS = {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
+# link(2) failures that mean "no hard links between these two places" (others, such as
+# EMLINK or a protected_hardlinks EPERM, are about one file: copy it, link the next)
+_NO_LINKS = {errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP}
+# An identity (size, mtime, inode) read this close to the file's mtime may miss a
+# same-size write in the same tick of a coarse file system clock (ext4 and tmpfs
+# before Linux 6.13 tick every few ms): such a file is compared by content instead.
+RACY_NS = 2_000_000_000
 
 
 def sha256(data: bytes) -> str:
@@ -47,6 +53,7 @@ class StoreSize:
     entries: int
     blobs: int
     bytes: int
+    shared: int = 0  # bytes of blobs that are also a build's artifacts (hard links)
 
 
 class LocalStore:
@@ -57,9 +64,9 @@ class LocalStore:
         # the hot paths build file names as strings: pathlib costs more than the I/O here
         self._cas = os.path.join(root, "cas")
         self._ac = os.path.join(root, "ac")
-        # blobs this process wrote or verified, by digest: (path, identity then); a link to
-        # one is trusted while its file still has that identity (see ``place``)
-        self._known: dict[str, tuple[str, tuple[int, int, int]]] = {}
+        # blobs this process wrote or verified, by digest: (path, identity then, when);
+        # a link to one is trusted while its file still has that identity (see ``place``)
+        self._known: dict[str, tuple[str, tuple[int, int, int], int]] = {}
         self.links = True  # False once the file system refused a hard link: copy instead
 
     def blob_path(self, digest: str) -> Path:
@@ -87,7 +94,7 @@ class LocalStore:
         if sha256(data) != digest:
             _unlink(path)
             return None
-        self._known[digest] = (path, identity)
+        self._known[digest] = (path, identity, time.time_ns())
         return data
 
     def put_blob(
@@ -106,18 +113,24 @@ class LocalStore:
         path = self._blob_file(digest)
         if os.path.exists(path):
             return digest
-        if source is not None and self.links and self._link_in(source, path):
-            self._known[digest] = (path, source[1])
-            return digest
+        if source is not None and self.links:
+            linked = self._link_in(source, path)
+            if linked is not None:
+                if linked:
+                    self._known[digest] = (path, source[1], time.time_ns())
+                return digest  # linked, or another writer stored it first
         write_bytes_atomic(path, data)
         try:
-            self._known[digest] = (path, stat_identity(os.stat(path)))
+            self._known[digest] = (path, stat_identity(os.stat(path)), time.time_ns())
         except OSError:
             pass
         return digest
 
-    def _link_in(self, source: tuple[str, tuple[int, int, int]], path: str) -> bool:
-        """Make ``path`` a hard link to ``source``'s file if it still is the file it was."""
+    def _link_in(self, source: tuple[str, tuple[int, int, int]], path: str) -> bool | None:
+        """Make ``path`` a hard link to ``source``'s file if it still is the file it was.
+
+        True: linked; False: stored by another writer first; None: not linked.
+        """
         try:
             try:
                 os.link(source[0], path)
@@ -125,18 +138,19 @@ class LocalStore:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 os.link(source[0], path)
         except FileExistsError:
-            return True  # another writer stored it first
+            return False
         except OSError as exc:
             if exc.errno in _NO_LINKS:
                 self.links = False
-            return False
+            return None
         try:
             same = stat_identity(os.stat(path)) == source[1]
         except OSError:
             same = False
         if not same:  # replaced since it was read: the link may hold other bytes
             _unlink(path)
-        return same
+            return None
+        return True
 
     def place(self, digest: str, target: str, data: bytes) -> bool:
         """Write ``data`` (whose sha256 is ``digest``) to ``target`` atomically.
@@ -148,7 +162,7 @@ class LocalStore:
         known = self._known.get(digest) if self.links else None
         if known is None:
             return write_bytes_atomic(target, data)
-        blob, identity = known
+        blob, identity, seen_at = known
         try:
             current = os.stat(target)
         except OSError:
@@ -169,7 +183,9 @@ class LocalStore:
                     raise
                 os.makedirs(head or ".", exist_ok=True)
                 os.link(blob, tmp)
-            if stat_identity(os.stat(tmp)) != identity:
+            if stat_identity(os.stat(tmp)) != identity or (
+                seen_at - identity[1] < RACY_NS and not _holds(tmp, data)
+            ):
                 raise FileNotFoundError(blob)  # the blob changed since: not that file
             os.replace(tmp, target)
             return True
@@ -242,10 +258,11 @@ class LocalStore:
         return [p for p in base.glob("*/*") if p.is_file() and not p.name.startswith(".")]
 
     def size(self) -> StoreSize:
-        blobs = self.files("cas")
+        blobs = [st for p in self.files("cas") if (st := _stat(p)) is not None]
         actions = self.files("ac")
-        total = sum(_size(p) for p in blobs) + sum(_size(p) for p in actions)
-        return StoreSize(entries=len(actions), blobs=len(blobs), bytes=total)
+        total = sum(st.st_size for st in blobs) + sum(_size(p) for p in actions)
+        shared = sum(st.st_size for st in blobs if st.st_nlink > 1)
+        return StoreSize(entries=len(actions), blobs=len(blobs), bytes=total, shared=shared)
 
     def gc(self, max_bytes: int) -> tuple[int, int]:
         """Drop least recently used action entries until the store fits ``max_bytes``.
@@ -327,6 +344,14 @@ def parse_action_entry(raw: bytes) -> dict[str, str] | None:
     ):
         return None
     return outputs
+
+
+def _holds(path: str, data: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read() == data
+    except OSError:
+        return False
 
 
 def _touch(path: str | os.PathLike) -> None:

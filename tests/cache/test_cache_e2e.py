@@ -135,7 +135,10 @@ def test_read_only_build_leaves_the_remote_alone(warm, tmp_path):
 def test_cache_verify_and_gc_on_the_local_store(warm):
     project, _, _ = warm
     store = project / ".cache" / "store"
+    # the build stored its artifacts as hard links: the store says how much it shares
+    assert "shared with out dirs" in run_kiln(project, "cache", "stats", check=True).stdout
     blob = next(p for p in (store / "cas").rglob("*") if p.is_file())
+    blob.unlink()  # a new file under the blob's name: the build's artifact keeps its bytes
     blob.write_bytes(b"damaged")
     proc = run_kiln(project, "cache", "verify", check=True)
     assert "dropped 1" in proc.stdout and blob.name in proc.stdout

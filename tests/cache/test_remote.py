@@ -118,7 +118,7 @@ def test_a_run_of_actions_comes_back_verified_in_one_trip(tmp_path):
     reader = RemoteStore(f"file://{tmp_path}/team")
     trips = []
     real = reader._call
-    reader._call = lambda what, fn, *args: trips.append(what) or real(what, fn, *args)
+    reader._call = lambda what, fn, *args, **kw: trips.append(what) or real(what, fn, *args, **kw)
     run = reader.lookup_run(keys[1], next_key)
     assert [(key, found) for key, found, _ in run] == [
         (keys[1], {"artifact": b"visa"}),

@@ -199,3 +199,57 @@ def test_gc_keeps_a_blob_while_an_entry_still_names_it(tmp_path):
     assert not store.blob_path(sha256(own)).exists()  # only entry 1 named it
     assert store.lookup("2" * 64) == {"artifact": shared}  # still named by entry 2
     assert (removed, freed) == (3, 3000 + first_entry + 1000)
+
+
+def test_a_blob_rewritten_in_the_same_clock_tick_is_not_linked(tmp_path):
+    # a coarse mtime clock can leave a same-size rewrite with the very identity the store
+    # recorded: a blob that fresh is compared by content before it is linked
+    store = LocalStore(tmp_path / "store")
+    digest = store.put_blob(b"verified")
+    blob = store.blob_path(digest)
+    before = blob.stat()
+    with open(blob, "r+b") as f:
+        f.write(b"tampered")
+    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert stat_identity(blob.stat()) == stat_identity(before)
+    target = tmp_path / "build" / "kernel.edf"
+    store.place(digest, str(target), b"verified")
+    assert target.read_bytes() == b"verified"
+    assert os.stat(target).st_ino != os.stat(blob).st_ino
+
+
+def test_place_copies_where_only_the_out_dir_refuses_links(tmp_path, monkeypatch):
+    store = LocalStore(tmp_path / "store")
+    digest = store.put_blob(b"lir", source=_artifact(tmp_path, b"lir", "a.lir"))
+    real = os.link
+
+    def refuse_in_build(src, dst):
+        if "out" in str(dst):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "link", refuse_in_build)
+    target = tmp_path / "out" / "b.lir"
+    assert store.place(digest, str(target), b"lir")
+    assert target.read_bytes() == b"lir" and target.stat().st_nlink == 1
+    assert store.links is False
+    assert not [p for p in target.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_link_refused_for_one_file_still_links_the_next(tmp_path, monkeypatch):
+    store = LocalStore(tmp_path / "store")
+    real = os.link
+    refused = []
+
+    def full_once(src, dst):
+        if not refused:
+            refused.append(dst)
+            raise OSError(errno.EMLINK, "Too many links")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "link", full_once)
+    first = store.put_blob(b"one", source=_artifact(tmp_path, b"one", "one.edf"))
+    second = store.put_blob(b"two", source=_artifact(tmp_path, b"two", "two.edf"))
+    assert store.blob_path(first).stat().st_nlink == 1  # copied
+    assert store.blob_path(second).stat().st_nlink == 2  # linked
+    assert store.links is True

@@ -50,7 +50,9 @@ def test_worker_refuses_a_client_with_other_stage_code():
     assert "kiln.stages.lir" in result["refused"] and "0" * 16 in result["refused"]
 
 
-def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_file(project):
+def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_file(
+    project, tmp_path_factory
+):
     import importlib
     import types
 
@@ -60,6 +62,7 @@ def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_fi
 
     run_kiln(project, "compile", "vector_add", check=True)
     out = next(p.parent for p in (project / "build").rglob("kernel.edf"))
+    work = tmp_path_factory.mktemp("worker")
     for module, name in (
         ("kiln.stages.trace", "graph.json"),
         ("kiln.stages.visa", "kernel.visa"),
@@ -68,7 +71,7 @@ def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_fi
     ):
         stage = importlib.import_module(module)
         data = (out / name).read_bytes()
-        assert _take_input(stage, data, project, 1) == stage.read(out / name), module
+        assert _take_input(stage, data, work, 1) == stage.read(out / name), module
         # a stage without decode (a user's own) still works: through a file and read
         plain = types.SimpleNamespace(read=stage.read)
-        assert _take_input(plain, data, project, 1) == stage.read(out / name), module
+        assert _take_input(plain, data, work, 1) == stage.read(out / name), module
