@@ -310,20 +310,29 @@ class RemoteStore:
                 break
             key = next_key(len(entries), outputs)
         digests = {d for _, outputs in entries if outputs for d in outputs.values()}
-        blobs = self._read_blobs([self._path("cas", d) for d in sorted(digests)]) if digests else {}
+        paths = [self._path("cas", d) for d in sorted(digests)]
+        blobs = self._read_blobs(paths, progress) if paths else {}
         return entries, blobs
 
-    def _read_blobs(self, paths: list[str]) -> dict[str, bytes | None]:
+    def _read_blobs(
+        self, paths: list[str], progress: list | None = None
+    ) -> dict[str, bytes | None]:
         """digest -> bytes of every blob, in one call (concurrent on async backends).
 
         Keyed by the file name, the digest: backends may normalize the paths
-        they return. A missing blob is absent or None.
+        they return. A missing blob is absent or None. ``progress``: set after
+        each read where the backend reads one blob after the other (see
+        ``DeadlineCaller.call``).
         """
-        if len(paths) == 1:
-            try:
-                found = {paths[0]: self.fs.cat_file(paths[0])}
-            except FileNotFoundError:
-                return {}
+        if len(paths) == 1 or (progress is not None and not getattr(self.fs, "async_impl", False)):
+            found = {}
+            for path in paths:
+                try:
+                    found[path] = self.fs.cat_file(path)
+                except FileNotFoundError:
+                    continue
+                if progress is not None:
+                    progress[0] = time.monotonic()
         else:
             found = self.fs.cat(paths, on_error="return")
         blobs = {}

@@ -143,3 +143,18 @@ def test_a_run_ends_at_the_first_missing_or_damaged_action(tmp_path, capfd):
     assert err.count("warning") == 1 and keys[1] in err and "corrupt" in err
     assert reader.lookup_run("f" * 64, next_key) == []  # not there at all: no warning
     assert "warning" not in capfd.readouterr().err
+
+
+def test_a_run_slower_than_the_deadline_but_no_read_that_slow_is_not_cut_off(tmp_path, capfd):
+    remote = RemoteStore(f"file://{tmp_path}/team")
+    keys, next_key = _chain(remote, [b"graph", b"visa", b"lir", b"sched"])
+    reader = RemoteStore(f"file://{tmp_path}/team", timeout=0.4)
+    real = reader.fs.cat_file
+
+    def slow_read(path, *args, **kwargs):
+        time.sleep(0.15)
+        return real(path, *args, **kwargs)
+
+    reader.fs.cat_file = slow_read  # four entries: 0.6 s in all, 0.15 s each
+    assert [key for key, _, _ in reader.lookup_run(keys[0], next_key)] == keys
+    assert not reader.broken and "warning" not in capfd.readouterr().err
