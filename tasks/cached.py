@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from kiln.tasks.affinity import whole_chains_here
 from kiln.tasks.digest import stage_module_info
-from kiln.tasks.prefetch import Prefetcher, chain_id, walkable, worth_prefetching
+from kiln.tasks.prefetch import Prefetcher, chain_id, keys_after, walkable, worth_prefetching
 
 from kiln import fsutil
 from kiln.cache.action import action_key
@@ -222,7 +222,8 @@ def write_rest_of_chain(
     input_digest = sha256(outputs["artifact"])
     graph_digest = input_digest if "trace" in spec else None
     first_dir = Path(spec["artifact"]).parent
-    rest = chain[spec["stage_index"] + 1 :]
+    first = spec["stage_index"] + 1  # the first stage written ahead
+    rest = chain[first:]
     ahead: dict[str, dict[str, bytes]] = {}  # fetched with an earlier stage, in one trip
     try:
         for position, later in enumerate(rest):
@@ -234,7 +235,8 @@ def write_rest_of_chain(
             elif key in ahead:
                 found, how = ahead.pop(key), FETCHED
             else:
-                run = session.lookup_run(key, _keys_after(rest, position, graph_digest))
+                then = keys_after(chain, first + position, graph_digest, stage_key)
+                run = session.lookup_run(key, then)
                 if not run:
                     break
                 _, found, how = run[0]
@@ -263,18 +265,6 @@ def write_rest_of_chain(
     except OSError as exc:  # the walk only saves time: its stages' own tasks do the work
         log.warning("could not write ahead from the cache after %s: %s", spec["artifact"], exc)
     return settled
-
-
-def _keys_after(rest: list[dict], position: int, graph_digest: str | None):
-    """``next_key`` for a remote run from ``rest[position]`` (see RemoteStore.lookup_run)."""
-
-    def next_key(count: int, digests: dict[str, str]) -> str | None:
-        index = position + count
-        if index >= len(rest) or not walkable(rest[index]) or "artifact" not in digests:
-            return None
-        return stage_key(rest[index], input_digest=digests["artifact"], graph_digest=graph_digest)
-
-    return next_key
 
 
 def read_with_identity(path: str | os.PathLike) -> tuple[bytes, tuple[int, int, int]]:

@@ -177,25 +177,33 @@ class Prefetcher:
             key = self._key_of(spec, input_digest=input_digest, graph_digest=graph_digest)
             before = session.local.get_action(key)
             if before is None:
-                session.fetch_run(key, self._keys_after(chain, index, graph_digest), ahead=True)
+                session.fetch_run(
+                    key, keys_after(chain, index, graph_digest, self._key_of), ahead=True
+                )
                 return
             if index == 0 and "trace" in spec:
                 graph_digest = before.get("artifact")  # the traced graph: what the binary records
 
-    def _keys_after(self, chain: list[dict], start: int, graph_digest: str | None):
-        """``next_key`` for a remote run from ``chain[start]``: the walk's keys, in order."""
-        graph = graph_digest
 
-        def next_key(count: int, digests: dict[str, str]) -> str | None:
-            nonlocal graph
-            if start == 0 and count == 1 and "trace" in chain[0]:
-                graph = digests.get("artifact")
-            index = start + count
-            if index >= len(chain) or not walkable(chain[index]) or "artifact" not in digests:
-                return None
-            return self._key_of(chain[index], input_digest=digests["artifact"], graph_digest=graph)
+def keys_after(chain: list[dict], start: int, graph_digest: str | None, key_of):
+    """``next_key`` for a remote run from ``chain[start]`` (RemoteStore.lookup_run).
 
-        return next_key
+    The keys a walk computes, in order, with ``key_of`` (tasks/cached.py
+    ``stage_key``). ``graph_digest``: the traced graph's, when known; a run
+    from the trace stage learns it from its first entry.
+    """
+    graph = graph_digest
+
+    def next_key(count: int, digests: dict[str, str]) -> str | None:
+        nonlocal graph
+        if start == 0 and count == 1 and "trace" in chain[0]:
+            graph = digests.get("artifact")
+        index = start + count
+        if index >= len(chain) or not walkable(chain[index]) or "artifact" not in digests:
+            return None
+        return key_of(chain[index], input_digest=digests["artifact"], graph_digest=graph)
+
+    return next_key
 
 
 def walkable(spec: dict) -> bool:
