@@ -19,14 +19,12 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
     # plain strings and os calls: this runs for every artifact, blob and entry of a build
     target = os.fspath(path)
     try:
-        if os.stat(target).st_size == len(data):
-            with open(target, "rb") as f:
-                if f.read() == data:
-                    return False
+        if os.stat(target).st_size == len(data) and holds(target, data):
+            return False
     except (FileNotFoundError, NotADirectoryError):
         pass
-    head, name = os.path.split(target)
-    tmp = os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    head = os.path.dirname(target)
+    tmp = temp_path(target)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     # the open is inside the clean-up's reach: a Ctrl-C the moment it returns
     # would otherwise leave the temp file behind
@@ -52,6 +50,25 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
             pass
         raise
     return True
+
+
+def temp_path(target: str) -> str:
+    """A fresh temp file name next to ``target``, carrying this process's pid.
+
+    The pid lets ``remove_stale_tmp`` tell a killed writer's leftover from
+    a live writer's file.
+    """
+    head, name = os.path.split(target)
+    return os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def holds(path: str, data: bytes) -> bool:
+    """Whether the file at ``path`` holds exactly ``data`` (False when unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read() == data
+    except OSError:
+        return False
 
 
 def read_artifact(path: str | os.PathLike, what: str, decode, *, errors=(Exception,)):

@@ -216,13 +216,16 @@ class RemoteStore:
     def lookup_verified(self, key: str) -> tuple[dict[str, bytes], dict[str, str]] | None:
         """(outputs, their digests by name) of ``key``, every blob checked; or None."""
         start = time.perf_counter()
-        read = self._call(f"reading action {key}", self._read_action, key)
+        progress = [time.monotonic()]
+        read = self._call(
+            f"reading action {key}", self._read_run, key, _no_more, progress, progress=progress
+        )
         if not self.broken:  # a read refused by the open breaker says nothing of speed
             self.fastest_read = min(self.fastest_read, time.perf_counter() - start)
             self.reads += 1
-        if read is None:
+        if read is None or not read[0]:
             return None
-        outputs, blobs = read
+        (_, outputs), blobs = read[0][0], read[1]
         found = self._verified(key, outputs, blobs)
         return None if found is None else (found, outputs)
 
@@ -279,17 +282,6 @@ class RemoteStore:
         with self._lock:  # prefetch threads fetch side by side
             self.fetched_bytes += sum(len(data) for data in found.values())
         return found
-
-    def _read_action(self, key: str) -> tuple[dict[str, str] | None, dict[str, bytes]]:
-        """(output name -> digest, digest -> bytes): the entry and its blobs in one call.
-
-        One trip through the deadline thread per action, not one per object;
-        the caller verifies every blob against its digest.
-        """
-        outputs = parse_action_entry(self.fs.cat_file(self._path("ac", key)))
-        if outputs is None:
-            return None, {}
-        return outputs, self._read_blobs([self._path("cas", d) for d in outputs.values()])
 
     def _read_run(
         self, key: str, next_key: Callable[[int, dict[str, str]], str | None], progress: list
@@ -377,6 +369,11 @@ class RemoteStore:
 
     def close(self) -> None:
         """Nothing to release: calls run on their own daemon threads."""
+
+
+def _no_more(count: int, digests: dict[str, str]) -> None:
+    """``next_key`` of a run of one action."""
+    return None
 
 
 def key_is_valid_blob(fs, path: str) -> bool:

@@ -22,14 +22,13 @@ import errno
 import hashlib
 import json
 import os
-import secrets
 import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.fsutil import stat_identity, write_bytes_atomic
+from kiln.fsutil import holds, stat_identity, temp_path, write_bytes_atomic
 
 # link(2) failures that mean "no hard links between these two places" (others, such as
 # EMLINK or a protected_hardlinks EPERM, are about one file: copy it, link the next)
@@ -168,13 +167,10 @@ class LocalStore:
         except OSError:
             current = None
         if current is not None and current.st_size == len(data):
-            if stat_identity(current) == identity:
-                return False  # already that very file
-            with open(target, "rb") as f:
-                if f.read() == data:
-                    return False
-        head, name = os.path.split(target)
-        tmp = os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+            if stat_identity(current) == identity or holds(target, data):
+                return False  # already that very file, or those very bytes
+        head = os.path.dirname(target)
+        tmp = temp_path(target)
         try:
             try:
                 os.link(blob, tmp)
@@ -184,7 +180,7 @@ class LocalStore:
                 os.makedirs(head or ".", exist_ok=True)
                 os.link(blob, tmp)
             if stat_identity(os.stat(tmp)) != identity or (
-                seen_at - identity[1] < RACY_NS and not _holds(tmp, data)
+                seen_at - identity[1] < RACY_NS and not holds(tmp, data)
             ):
                 raise FileNotFoundError(blob)  # the blob changed since: not that file
             os.replace(tmp, target)
@@ -344,14 +340,6 @@ def parse_action_entry(raw: bytes) -> dict[str, str] | None:
     ):
         return None
     return outputs
-
-
-def _holds(path: str, data: bytes) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read() == data
-    except OSError:
-        return False
 
 
 def _touch(path: str | os.PathLike) -> None:
