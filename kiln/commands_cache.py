@@ -19,7 +19,9 @@ def add_cache_parser(sub) -> None:
     action = c.add_subparsers(dest="cache_command", metavar="stats|gc|verify", required=True)
     action.add_parser("stats", help="entries, bytes, and the last build's hit/fetch/compile counts")
     gc = action.add_parser("gc", help="drop least recently used entries down to a size")
-    gc.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G")
+    gc.add_argument(
+        "--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G (K, M, G are 1024-based)"
+    )
     action.add_parser("verify", help="re-hash every local entry and drop bad ones")
 
 
@@ -57,12 +59,10 @@ def cmd_cache(args) -> int:
     from kiln.cache.store import LocalStore, default_cache_dir
 
     store = LocalStore(default_cache_dir() / "store")
+    _require_directory(store.root)
     if args.cache_command == "stats":
         size = store.size()
-        try:
-            last = json.loads((store.root / "last-build.json").read_text())
-        except (OSError, ValueError):
-            last = {}
+        last = _last_build(store.root / "last-build.json")
         print(f"kiln cache: {store.root}")
         shared = f" ({_human(size.shared)} of it shared with out dirs)" if size.shared else ""
         print(
@@ -90,6 +90,34 @@ def cmd_cache(args) -> int:
         print(f"kiln cache: dropped damaged entry {path}")
     print(f"kiln cache: checked {checked} files, dropped {len(dropped)}")
     return 0
+
+
+def _require_directory(root) -> None:
+    """The store's place must be (or may become) a directory: say so rather than show it empty."""
+    for place in (root, *root.parents):
+        if place.exists():
+            if place.is_dir():
+                return
+            raise KilnError(
+                f"the artifact cache {root} cannot be used: {place} is not a directory",
+                expected="KILN_CACHE_DIR naming a directory (or a place one can be made)",
+                found=os.environ.get("KILN_CACHE_DIR", str(place)),
+                hint="set KILN_CACHE_DIR to a writable directory",
+            )
+
+
+def _last_build(path) -> dict[str, int]:
+    """The last build's counts (hit, fetched, compiled); {} when missing or not Kiln's."""
+    try:
+        last = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(last, dict):
+        return {}
+    counts = {k: last.get(k, 0) for k in ("hit", "fetched", "compiled")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in counts.values()):
+        return {}
+    return counts
 
 
 def _human(n: int) -> str:

@@ -23,11 +23,11 @@ from kiln import fsutil
 from kiln.cache.action import action_key
 from kiln.cache.config import CacheConfig
 from kiln.cache.session import COMPILED, FETCHED, session_for
-from kiln.cache.store import sha256
+from kiln.cache.store import SIDE_PREFIX, sha256
 from kiln.logconfig import get_logger
 
 log = get_logger("cache")
-SIDE = "side/"  # output names of side artifacts (source maps), next to the artifact
+SIDE = SIDE_PREFIX  # output names of side artifacts (source maps), next to the artifact
 ROOT_PLACEHOLDER = b"<kiln-project-root>"
 
 # Files this process wrote or hashed, with their digest, valid while (size, mtime, inode)
@@ -152,6 +152,8 @@ def fetch_or_run(spec: dict, run) -> str:
     if session.remote is not None:
         session.claim(chain_id(spec))  # a chain fetched ahead is waited for, not fetched twice
     outputs, how = session.lookup(key)
+    if outputs is not None and "artifact" not in outputs:
+        outputs, how = None, COMPILED  # some other action's entry (a report's): rebuilt over it
     if (
         how == FETCHED
         and "prefetch" in spec
@@ -241,6 +243,8 @@ def write_rest_of_chain(
                     break
                 _, found, how = run[0]
                 ahead = {later_key: outputs for later_key, outputs, _ in run[1:]}
+            if "artifact" not in found:
+                break  # some other action's entry: the stage's own task rebuilds over it
             artifact = Path(later["artifact"])
             # the chain's first write swept this out dir a moment ago
             write_outputs(

@@ -47,8 +47,8 @@ class ReportCache:
             report = json.loads(outputs[REPORT_OUTPUT])
         except ValueError:
             return None
-        if not isinstance(report, dict) or report.get("status") not in CACHED_STATUSES:
-            return None
+        if not well_formed(report):
+            return None  # not a report Kiln stored: the test runs, and its report replaces it
         return {**report, "cache": how}
 
     def store(self, report: dict) -> None:
@@ -61,6 +61,32 @@ class ReportCache:
             self.session.store(self.key, {REPORT_OUTPUT: data})
         except OSError as exc:  # a full or read-only cache costs time, never the test
             self.session.store_failed(exc)
+
+
+def well_formed(report) -> bool:
+    """Whether ``report`` is a report as ``check_instance`` stores it (status, comparisons).
+
+    Anyone who can write the team cache can put bytes under a report's key:
+    only a report whose every field the printer reads is there, with its
+    type, and whose status agrees with its comparisons, is trusted.
+    """
+    if not isinstance(report, dict) or report.get("status") not in CACHED_STATUSES:
+        return False
+    outputs = report.get("outputs")
+    if not isinstance(outputs, list) or not outputs:
+        return False
+    for c in outputs:
+        if not (
+            isinstance(c, dict)
+            and isinstance(c.get("ok"), bool)
+            # every comparison has its worst error but a count mismatch (not ok)
+            and (isinstance(c.get("max_abs"), (int, float)) or not c["ok"] and "max_abs" not in c)
+            and isinstance(c.get("text", ""), str)
+            and isinstance(c.get("problem") or "", str)
+        ):
+            return False
+    passed = all(c["ok"] for c in outputs)
+    return passed == (report["status"] == "pass") and isinstance(report.get("metrics", {}), dict)
 
 
 def report_cache(project, inst, target: str, runner, tolerance, seed: int) -> ReportCache | None:

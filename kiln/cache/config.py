@@ -9,6 +9,7 @@ actions ahead from a slow remote (0: none; see tasks/prefetch.py).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import asdict, dataclass
 
@@ -38,19 +39,47 @@ def resolve_cache_config(settings: dict | None) -> CacheConfig:
     remote = settings.get("remote")
     if "KILN_REMOTE_CACHE" in os.environ:
         remote = os.environ["KILN_REMOTE_CACHE"] or None
+        if remote:
+            check_remote_url(remote, "KILN_REMOTE_CACHE")
     upload = bool(settings.get("upload", True))
     if "KILN_REMOTE_UPLOAD" in os.environ:
-        upload = os.environ["KILN_REMOTE_UPLOAD"].strip().lower() not in ("0", "false", "no", "")
+        # empty reads as off: a read-only build is the safe side of a blank variable
+        upload = env_flag("KILN_REMOTE_UPLOAD", empty=False)
     if remote:
         require_remote_support(remote)
     return CacheConfig(
-        enabled=os.environ.get("KILN_CACHE", "1").strip() not in ("0", "false", "no"),
+        enabled=env_flag("KILN_CACHE", empty=True) if "KILN_CACHE" in os.environ else True,
         local_dir=str(default_cache_dir() / "store"),
         remote=remote,
         upload=upload,
         timeout=float(settings.get("timeout", DEFAULT_TIMEOUT)),
         prefetch_threads=prefetch_threads() if remote else 0,
     )
+
+
+FLAG_VALUES = {"1": True, "true": True, "yes": True, "on": True}
+FLAG_VALUES.update({"0": False, "false": False, "no": False, "off": False})
+
+
+def env_flag(name: str, *, empty: bool) -> bool:
+    """An on/off environment variable: 1/0, true/false, yes/no, on/off, any case.
+
+    Anything else is an error rather than a guess: a pull-request job that
+    writes KILN_REMOTE_UPLOAD=of must not upload to the team cache.
+    """
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return empty
+    if raw not in FLAG_VALUES:
+        from kiln.errors import KilnError
+
+        raise KilnError(
+            f"{name} is not on or off",
+            expected="one of 1, true, yes, on / 0, false, no, off",
+            found=os.environ[name],
+            hint=f"set {name}=0 (off) or {name}=1 (on), or unset it",
+        )
+    return FLAG_VALUES[raw]
 
 
 def prefetch_threads() -> int:
@@ -72,8 +101,6 @@ def prefetch_threads() -> int:
 
 def require_remote_support(url: str) -> None:
     """One clear error, naming the extra, when the packages a remote URL needs are absent."""
-    import importlib.util
-
     from kiln.errors import KilnError
 
     needed = ["fsspec"] + (["s3fs"] if url.startswith(("s3://", "s3a://")) else [])
@@ -82,4 +109,64 @@ def require_remote_support(url: str) -> None:
         raise KilnError(
             f"the remote cache {url!r} needs {', '.join(missing)}, which is not installed",
             hint="pip install 'kiln[distributed]' (or unset KILN_REMOTE_CACHE / cache.remote)",
+        )
+
+
+def remote_url_problem(url: str) -> tuple[str, str] | None:
+    """(what is wrong, a hint) when ``url`` cannot name a remote cache, else None.
+
+    Checked when the build starts, once, rather than as one failure per task:
+    a URL needs a scheme fsspec knows (lower case, as fsspec spells them) and
+    a path, and must be free of spaces and control characters around it.
+    A plain absolute path is a shared directory.
+    """
+    import re
+
+    if url != url.strip() or any(ord(ch) < 32 for ch in url):
+        return "it has spaces or control characters around or in it", "remove them"
+    if url.startswith("/"):
+        return None
+    match = re.fullmatch(r"([A-Za-z][A-Za-z0-9+.-]*)://(.*)", url, flags=re.S)
+    if match is None:
+        return (
+            "it is neither a URL (scheme://path) nor an absolute directory",
+            "write file:///abs/dir for a shared directory, or s3://bucket/prefix",
+        )
+    scheme, rest = match.groups()
+    if not rest.strip("/"):
+        return f"it names no location after {scheme}://", f"write {scheme}://<where>"
+    if importlib.util.find_spec("fsspec") is None:
+        return None  # require_remote_support names the extra
+    from fsspec.registry import known_implementations, registry
+
+    known = set(known_implementations) | set(registry)
+    if scheme not in known:
+        from kiln.pipeline.yamlpos import did_you_mean
+
+        if scheme.lower() in known:
+            return f"scheme {scheme!r} is not lower case", f"write {scheme.lower()}://{rest}"
+        hint = did_you_mean(scheme, sorted(known))
+        return f"fsspec knows no protocol {scheme!r}", hint or "use file://, s3:// or another"
+    spec = known_implementations.get(scheme)
+    if spec is not None and scheme not in registry:
+        package = spec["class"].split(".")[0]
+        if package != "fsspec" and importlib.util.find_spec(package) is None:
+            extra = "'kiln[distributed]'" if package == "s3fs" else package
+            return f"{scheme}:// needs the package {package}, which is not installed", (
+                f"pip install {extra}"
+            )
+    return None
+
+
+def check_remote_url(url: str, source: str) -> None:
+    """Raise one clear error, naming ``source`` (the env var), for a URL that cannot work."""
+    problem = remote_url_problem(url)
+    if problem is not None:
+        from kiln.errors import KilnError
+
+        raise KilnError(
+            f"{source} is not a usable remote cache URL: {problem[0]}",
+            expected="file:///shared/dir, /shared/dir or s3://bucket/prefix",
+            found=repr(url),
+            hint=problem[1],
         )

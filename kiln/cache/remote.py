@@ -150,7 +150,6 @@ class RemoteStore:
         self.breaker = shared_breaker(breaker_dir, url)
         self.upload = upload
         self.timeout = timeout
-        self.fs, self.root, self.protocol = open_filesystem(url, timeout)
         self.broken = False
         self.warned_keys: set[str] = set()
         self.fetched_bytes = 0
@@ -159,11 +158,32 @@ class RemoteStore:
         self.reads = 0  # action reads answered (found or not)
         self._lock = threading.Lock()
         self._callers = threading.local()  # one serving thread per calling thread
+        self.fs, self.root, self.protocol = None, "", url.split("://", 1)[0]
+        self._open()
 
-    def _call(self, what: str, fn, *args, progress: list | None = None):
+    def _open(self) -> None:
+        """Make the filesystem client under the deadline: some backends connect right away.
+
+        A URL Kiln cannot use at all is the user's error (KilnError); a
+        server that refuses or does not answer is the remote being down.
+        """
+        outcome = DeadlineCaller().call(open_filesystem, (self.url, self.timeout), self.timeout)
+        if outcome is None:
+            self._trip(f"no answer within {self.timeout:g} s while connecting")
+        elif isinstance(outcome.get("error"), KilnError):
+            raise outcome["error"]
+        elif "error" in outcome:
+            error = outcome["error"]
+            self._trip(f"{type(error).__name__} while connecting: {error}")
+        else:
+            self.fs, self.root, self.protocol = outcome["value"]
+
+    def _call(self, what: str, fn, *args, progress: list | None = None, writing: bool = False):
         """fn(*args) within the deadline; on any failure trip the breaker and return None.
 
         ``progress``: see ``DeadlineCaller.call`` (a call of several reads).
+        A missing file is a miss when reading; ``writing``, it is a missing
+        bucket or root (s3fs says NoSuchBucket so), and the remote is down.
 
         The call runs on a daemon thread: a backend stuck past the deadline
         (a dead NFS server) is abandoned and cannot hold up the exit.
@@ -183,7 +203,7 @@ class RemoteStore:
         error = outcome.get("error")
         if error is None:
             return outcome.get("value")
-        if isinstance(error, FileNotFoundError):
+        if isinstance(error, FileNotFoundError) and not writing:
             return None
         self._trip(f"{type(error).__name__} while {what}: {error}")
         return None
@@ -296,6 +316,8 @@ class RemoteStore:
                 outputs = parse_action_entry(self.fs.cat_file(self._path("ac", key)))
             except FileNotFoundError:
                 break
+            except IsADirectoryError:  # one damaged object, not the remote: reported by key
+                outputs = None
             progress[0] = time.monotonic()
             entries.append((key, outputs))
             if outputs is None:
@@ -321,7 +343,7 @@ class RemoteStore:
             for path in paths:
                 try:
                     found[path] = self.fs.cat_file(path)
-                except FileNotFoundError:
+                except (FileNotFoundError, IsADirectoryError):  # its action is reported
                     continue
                 if progress is not None:
                     progress[0] = time.monotonic()
@@ -329,7 +351,7 @@ class RemoteStore:
             found = self.fs.cat(paths, on_error="return")
         blobs = {}
         for path, data in found.items():
-            if isinstance(data, FileNotFoundError):
+            if isinstance(data, (FileNotFoundError, IsADirectoryError)):
                 continue
             if isinstance(data, BaseException):
                 raise data
@@ -342,11 +364,13 @@ class RemoteStore:
             return
         for name, data in outputs.items():
             path = self._path("cas", digests[name])
-            if not self._call(f"uploading {name} of {key}", self._put, path, data, True):
+            what = f"uploading {name} of {key}"
+            if not self._call(what, self._put, path, data, True, writing=True):
                 return
             self.uploaded_bytes += len(data)
         entry = action_entry(digests)
-        self._call(f"uploading action {key}", self._put, self._path("ac", key), entry, False)
+        what = f"uploading action {key}"
+        self._call(what, self._put, self._path("ac", key), entry, False, writing=True)
 
     def _put(self, path: str, data: bytes, skip_if_present: bool) -> bool:
         if skip_if_present and key_is_valid_blob(self.fs, path):
@@ -381,4 +405,7 @@ def key_is_valid_blob(fs, path: str) -> bool:
     try:
         return sha256(fs.cat_file(path)) == path.rsplit("/", 1)[1]
     except FileNotFoundError:
+        return False
+    except IsADirectoryError:  # a directory squatting on the blob's name: make room
+        fs.rm(path, recursive=True)
         return False

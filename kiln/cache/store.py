@@ -22,7 +22,9 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -37,6 +39,13 @@ _NO_LINKS = {errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP}
 # same-size write in the same tick of a coarse file system clock (ext4 and tmpfs
 # before Linux 6.13 tick every few ms): such a file is compared by content instead.
 RACY_NS = 2_000_000_000
+# The output names an action entry may hold: one primary output (a stage's
+# artifact, a test report, an IREE module) and, beside an artifact, side
+# artifacts "side/<file name>" written next to it.
+PRIMARY_OUTPUTS = ("artifact", "report", "vmfb")
+SIDE_PREFIX = "side/"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_PLAIN_FILE = re.compile(r"[^/\\\x00]{1,255}")  # one path component, nothing that climbs
 
 
 def sha256(data: bytes) -> str:
@@ -110,8 +119,12 @@ class LocalStore:
         """
         digest = digest or sha256(data)
         path = self._blob_file(digest)
-        if os.path.exists(path):
-            return digest
+        try:
+            if stat.S_ISREG(os.stat(path).st_mode):
+                return digest
+            _remove_squatter(path)  # a directory (made by hand) in the blob's place
+        except OSError:
+            pass
         if source is not None and self.links:
             linked = self._link_in(source, path)
             if linked is not None:
@@ -210,7 +223,12 @@ class LocalStore:
         return outputs
 
     def put_action(self, key: str, outputs: dict[str, str]) -> None:
-        write_bytes_atomic(self._action_file(key), action_entry(outputs))
+        path = self._action_file(key)
+        try:
+            write_bytes_atomic(path, action_entry(outputs))
+        except IsADirectoryError:  # a directory (made by hand) in the entry's place
+            _remove_squatter(path)
+            write_bytes_atomic(path, action_entry(outputs))
 
     def lookup(self, key: str) -> dict[str, bytes] | None:
         """The outputs of ``key``, all present and verified, or None."""
@@ -304,6 +322,13 @@ class LocalStore:
     def verify(self) -> tuple[int, list[str]]:
         """Re-hash every blob and parse every entry; drop the bad ones. (checked, dropped)."""
         checked, dropped = 0, []
+        for kind in ("cas", "ac"):  # what is neither a file nor a link to one is in the way
+            base = self.root / kind
+            for path in base.glob("*/*") if base.is_dir() else ():
+                if not path.is_file() and not path.is_symlink():
+                    checked += 1
+                    _remove_squatter(path)
+                    dropped.append(str(path))
         for path in self.files("cas"):
             checked += 1
             try:
@@ -330,16 +355,41 @@ def action_entry(outputs: dict[str, str]) -> bytes:
 
 
 def parse_action_entry(raw: bytes) -> dict[str, str] | None:
-    """The outputs of an action entry, or None when it is not one of ours."""
+    """The outputs of an action entry, or None when it is not one of ours.
+
+    An entry comes from whoever can write the team cache: its digests must be
+    digests (one names a file under ``cas/``, which a damaged blob deletes) and
+    its output names ones Kiln writes (a side output's name becomes a file
+    name next to the artifact).
+    """
     try:
         outputs = json.loads(raw)["outputs"]
     except (ValueError, KeyError, TypeError):
         return None
-    if not isinstance(outputs, dict) or not all(
-        isinstance(v, str) and len(v) == 64 for v in outputs.values()
-    ):
+    if not isinstance(outputs, dict) or not outputs:
+        return None
+    for name, digest in outputs.items():
+        if not (isinstance(digest, str) and _DIGEST.fullmatch(digest) and _output_name_ok(name)):
+            return None
+    primary = [name for name in outputs if name in PRIMARY_OUTPUTS]
+    side = len(outputs) - len(primary)
+    if len(primary) != 1 or (side and primary[0] != "artifact"):
         return None
     return outputs
+
+
+def is_digest(text: object) -> bool:
+    """Whether ``text`` is a sha256 in lower-case hex, as every blob's name is."""
+    return isinstance(text, str) and _DIGEST.fullmatch(text) is not None
+
+
+def _output_name_ok(name: str) -> bool:
+    if name in PRIMARY_OUTPUTS:
+        return True
+    if not name.startswith(SIDE_PREFIX):
+        return False
+    file = name[len(SIDE_PREFIX) :]
+    return file not in (".", "..") and _PLAIN_FILE.fullmatch(file) is not None
 
 
 def _touch(path: str | os.PathLike) -> None:
@@ -347,6 +397,14 @@ def _touch(path: str | os.PathLike) -> None:
         os.utime(path)
     except OSError:
         pass
+
+
+def _remove_squatter(path: str | os.PathLike) -> None:
+    """Remove whatever is at ``path`` (a directory too), never through a link."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        _unlink(path)
 
 
 def _unlink(path: str | os.PathLike) -> None:

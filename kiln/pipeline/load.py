@@ -373,6 +373,36 @@ def _check_references(data: dict[str, Any], smap: Positions, root: Path) -> None
                 expected=f"an importable module (searched sys.path and {root})",
             )
     _check_stage_kinds(data["stages"], smap, root)
+    _check_cache(data.get("cache") or {}, smap)
+
+
+def _check_cache(cache: dict[str, Any], smap: Positions) -> None:
+    """What the schema cannot say about ``cache:``: a usable URL, a finite timeout."""
+    import math
+
+    timeout = cache.get("timeout")
+    if isinstance(timeout, float) and not math.isfinite(timeout):
+        raise smap.error(
+            "the remote cache timeout is not a number of seconds",
+            "cache.timeout",
+            value=True,
+            expected="a number of seconds above 0, at most 3600",
+            found=str(timeout),
+        )
+    remote = cache.get("remote")
+    if isinstance(remote, str):
+        from kiln.cache.config import remote_url_problem
+
+        problem = remote_url_problem(remote)
+        if problem is not None:
+            raise smap.error(
+                f"the remote cache URL cannot be used: {problem[0]}",
+                "cache.remote",
+                value=True,
+                expected="file:///shared/dir, /shared/dir or s3://bucket/prefix",
+                found=repr(remote),
+                hint=problem[1],
+            )
 
 
 _STAGE_CONSTANT = r"""^{name}\s*=\s*["']([^"']+)["']"""

@@ -182,3 +182,36 @@ def test_a_test_report_checked_once_is_fetched_by_a_clean_clone(warm):
     assert "PASS    vector_add.small @ sim  (max abs err 0, cached)" in again.stdout
     report = (fresh / "build" / "kiln" / "kernel" / "test-report.json").read_text()
     assert '"cache": "fetched"' in report
+
+
+@pytest.mark.parametrize("damage", ["no-artifact", "a-report", "climbing-side-name"])
+def test_foreign_remote_entries_are_never_used_nor_kept(warm, tmp_path, damage):
+    import json
+
+    project, remote, local_bytes = warm
+    copy = tmp_path / "remote"
+    shutil.copytree(remote, copy)
+    for entry in copy.glob("ac/*/*"):
+        outputs = json.loads(entry.read_text())["outputs"]
+        if "artifact" not in outputs:
+            continue
+        digest = outputs["artifact"]
+        if damage == "no-artifact":
+            outputs = {"notartifact": digest}
+        elif damage == "a-report":
+            outputs = {"report": digest}  # an entry Kiln writes, but not a stage's
+        else:
+            outputs["side/../../../../../../ESCAPED"] = digest
+        entry.write_text(json.dumps({"outputs": outputs}))
+    fresh = clone(project, f"clone-foreign-{damage}")
+    proc = run_kiln(fresh, "compile", env={"KILN_REMOTE_CACHE": f"file://{copy}"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"(0 fetched, {TASKS} compiled)" in proc.stdout
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stdout
+    assert not list(fresh.parent.rglob("ESCAPED")) and not list(tmp_path.rglob("ESCAPED"))
+    assert artifacts(fresh) == local_bytes
+    shutil.rmtree(fresh / "build")
+    shutil.rmtree(fresh / ".kiln")
+    again = run_kiln(fresh, "compile", check=True)  # the local store kept nothing foreign
+    assert f"({TASKS} fetched, 0 compiled)" in again.stdout
+    assert artifacts(fresh) == local_bytes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.cache.config import require_remote_support, resolve_cache_config
+from kiln.cache.config import remote_url_problem, require_remote_support, resolve_cache_config
 from kiln.errors import KilnError
 
 
@@ -80,3 +80,90 @@ def test_unknown_executor_kind_is_rejected_with_the_key_path(project):
     with pytest.raises(KilnError) as info:
         load_pipeline(path)
     assert "executor.kind" in info.value.render()
+
+
+@pytest.mark.parametrize(
+    "value, on",
+    [("0", False), ("off", False), ("NO", False), ("False", False), (" 0 ", False)]
+    + [("1", True), ("on", True), ("YES", True), ("true", True)],
+)
+def test_on_off_variables_read_every_spelling_alike(monkeypatch, value, on):
+    monkeypatch.setenv("KILN_REMOTE_UPLOAD", value)
+    monkeypatch.setenv("KILN_CACHE", value)
+    config = resolve_cache_config({"remote": "file:///x"})
+    assert config.upload is on and config.enabled is on
+
+
+def test_a_blank_upload_variable_reads_as_read_only(monkeypatch):
+    monkeypatch.setenv("KILN_REMOTE_UPLOAD", "")
+    assert resolve_cache_config({"remote": "file:///x"}).upload is False
+
+
+@pytest.mark.parametrize("name", ["KILN_REMOTE_UPLOAD", "KILN_CACHE"])
+def test_an_on_off_variable_with_another_value_is_an_error_naming_it(monkeypatch, name):
+    monkeypatch.setenv(name, "disable")
+    with pytest.raises(KilnError) as caught:
+        resolve_cache_config({"remote": "file:///x"})
+    text = caught.value.render()
+    assert f"{name} is not on or off" in text and "disable" in text
+
+
+@pytest.mark.parametrize(
+    "url, problem",
+    [
+        ("foo://bar/baz", "fsspec knows no protocol 'foo'"),
+        ("FILE:///tmp/x", "scheme 'FILE' is not lower case"),
+        ("s3:/bucket", "neither a URL"),
+        ("relative/dir", "neither a URL"),
+        ("file://", "names no location"),
+        ("   ", "spaces or control characters"),
+        ("file:///tmp/x\n", "spaces or control characters"),
+    ],
+)
+def test_unusable_remote_urls_are_named_once(url, problem):
+    found = remote_url_problem(url)
+    assert found is not None and problem in found[0]
+
+
+@pytest.mark.parametrize("url", ["file:///mnt/team-cache", "/mnt/team-cache", "s3://b/prefix"])
+def test_usable_remote_urls_pass(url):
+    assert remote_url_problem(url) is None
+
+
+def test_a_protocol_whose_package_is_missing_names_the_package(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gcsfs" else real(name, *a)
+    )
+    problem = remote_url_problem("gs://bucket/x")
+    assert problem == ("gs:// needs the package gcsfs, which is not installed", "pip install gcsfs")
+
+
+def test_a_bad_url_in_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("KILN_REMOTE_CACHE", "foo://x")
+    with pytest.raises(KilnError) as caught:
+        resolve_cache_config({})
+    assert "KILN_REMOTE_CACHE is not a usable remote cache URL" in caught.value.render()
+
+
+@pytest.mark.parametrize(
+    "cache, key, message",
+    [
+        ("{remote: 'foo://x/y'}", "cache.remote", "fsspec knows no protocol 'foo'"),
+        ("{remote: 's3:/x'}", "cache.remote", "neither a URL"),
+        ("{remote: 'file:///x', timeout: .nan}", "cache.timeout", "not a number of seconds"),
+        ("{remote: 'file:///x', timeout: .inf}", "cache.timeout", "<= 3600"),
+        ("{remote: 'file:///x', timeout: 99999999999}", "cache.timeout", "3600"),
+    ],
+)
+def test_a_bad_cache_section_is_one_error_at_its_line(project, cache, key, message):
+    from kiln.pipeline import load_pipeline
+
+    path = project / "pipeline.yaml"
+    path.write_text(f"cache: {cache}\n" + path.read_text())
+    with pytest.raises(KilnError) as info:
+        load_pipeline(path)
+    text = info.value.render()
+    assert "pipeline.yaml:1:" in text and key in text and message in text

@@ -158,3 +158,75 @@ def test_a_run_slower_than_the_deadline_but_no_read_that_slow_is_not_cut_off(tmp
     reader.fs.cat_file = slow_read  # four entries: 0.6 s in all, 0.15 s each
     assert [key for key, _, _ in reader.lookup_run(keys[0], next_key)] == keys
     assert not reader.broken and "warning" not in capfd.readouterr().err
+
+
+class HangingConnectFileSystem(MemoryFileSystem):
+    """A backend that connects in its constructor (as FTP does) to a server that never answers."""
+
+    protocol = "kilnhangconnect"
+    cachable = False
+
+    def __init__(self, *args, **kwargs):
+        time.sleep(5)
+        super().__init__(*args, **kwargs)
+
+
+class RefusedConnectFileSystem(MemoryFileSystem):
+    protocol = "kilnrefused"
+    cachable = False
+
+    def __init__(self, *args, **kwargs):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+@pytest.mark.parametrize(
+    "fs_class, reason",
+    [
+        (HangingConnectFileSystem, "no answer within 0.3 s while connecting"),
+        (RefusedConnectFileSystem, "Connection refused"),
+    ],
+)
+def test_a_remote_that_cannot_be_connected_to_is_one_warning_within_the_deadline(
+    capfd, fs_class, reason
+):
+    fsspec.register_implementation(fs_class.protocol, fs_class, clobber=True)
+    start = time.monotonic()
+    remote = RemoteStore(f"{fs_class.protocol}://cache", timeout=0.3)
+    assert remote.lookup(KEY) is None
+    _upload(remote, b"data")
+    assert time.monotonic() - start < 2 and remote.broken
+    err = capfd.readouterr().err
+    assert err.count("warning") == 1 and reason in err
+
+
+def test_a_directory_in_a_blobs_place_is_one_bad_object_not_a_dead_remote(tmp_path, capfd):
+    remote = RemoteStore(f"file://{tmp_path}/team")
+    digest = _upload(remote, b"0123456789")
+    blob = tmp_path / "team" / "cas" / digest[:2] / digest
+    blob.unlink()
+    blob.mkdir()
+    reader = RemoteStore(f"file://{tmp_path}/team")
+    assert reader.lookup(KEY) is None and not reader.broken
+    err = capfd.readouterr().err
+    assert err.count("warning") == 1 and KEY in err and "unavailable" not in err
+    _upload(reader, b"0123456789")  # the rebuilt output takes the directory's place
+    assert RemoteStore(f"file://{tmp_path}/team").lookup(KEY) == {"artifact": b"0123456789"}
+
+
+class NoBucketFileSystem(MemoryFileSystem):
+    """s3fs answers a write into a bucket that does not exist with FileNotFoundError."""
+
+    protocol = "kilnnobucket"
+
+    def pipe_file(self, path, *args, **kwargs):
+        raise FileNotFoundError(2, "The specified bucket does not exist", path)
+
+
+def test_uploading_to_a_missing_bucket_warns_once(capfd):
+    fsspec.register_implementation(NoBucketFileSystem.protocol, NoBucketFileSystem, clobber=True)
+    remote = RemoteStore("kilnnobucket://teem/kiln", timeout=1)
+    assert remote.lookup(KEY) is None and not remote.broken  # reading: only a miss
+    _upload(remote, b"data")
+    _upload(remote, b"more")
+    err = capfd.readouterr().err
+    assert err.count("warning") == 1 and "bucket does not exist" in err and remote.broken

@@ -4,11 +4,14 @@ and blobs shared with the build's artifacts as hard links."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 
-from kiln.cache.store import LocalStore, sha256
+import pytest
+
+from kiln.cache.store import LocalStore, parse_action_entry, sha256
 from kiln.fsutil import stat_identity
 
 
@@ -253,3 +256,70 @@ def test_a_link_refused_for_one_file_still_links_the_next(tmp_path, monkeypatch)
     assert store.blob_path(first).stat().st_nlink == 1  # copied
     assert store.blob_path(second).stat().st_nlink == 2  # linked
     assert store.links is True
+
+
+GOOD = "a" * 64
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        {"artifact": "../../../../tmp/victim_" + "a" * 41},  # a path dressed as a digest
+        {"artifact": "A" * 64},  # not lower-case hex
+        {"artifact": GOOD, "side/../../../escaped": GOOD},  # climbs out of the out dir
+        {"artifact": GOOD, "side/sub/dir.json": GOOD},
+        {"artifact": GOOD, "side/..": GOOD},
+        {"artifact": GOOD, "side/": GOOD},
+        {"notartifact": GOOD},  # no output Kiln writes
+        {"artifact": GOOD, "report": GOOD},  # two primary outputs
+        {"report": GOOD, "side/graph.map.json": GOOD},  # side artifacts belong to an artifact
+        {},
+    ],
+)
+def test_an_entry_naming_paths_or_foreign_outputs_is_not_ours(outputs):
+    assert parse_action_entry(json.dumps({"outputs": outputs}).encode()) is None
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        {"artifact": GOOD},
+        {"artifact": GOOD, "side/graph.map.json": "b" * 64, "side/my map (1).json": GOOD},
+        {"report": GOOD},
+        {"vmfb": GOOD},
+    ],
+)
+def test_entries_kiln_writes_are_ours(outputs):
+    assert parse_action_entry(json.dumps({"outputs": outputs}).encode()) == outputs
+
+
+def test_a_damaged_entry_naming_a_path_never_deletes_that_file(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    # cas/<digest[:2]>/<digest> with digest "../outside/victim_aaa..." is tmp_path/outside/...
+    digest = "../outside/victim_".ljust(64, "a")
+    victim = tmp_path / "outside" / digest.rsplit("/", 1)[1]
+    victim.parent.mkdir()
+    victim.write_text("precious\n")
+    (tmp_path / "store" / "cas").mkdir(parents=True)
+    assert os.path.samefile(store._blob_file(digest), victim)  # noqa: SLF001 (the trap is real)
+    entry = store.action_path(GOOD)
+    entry.parent.mkdir(parents=True)
+    entry.write_text(json.dumps({"outputs": {"artifact": digest}}))
+    assert store.lookup(GOOD) is None
+    assert victim.read_text() == "precious\n"
+    assert not entry.exists()  # the damaged entry goes, not a file it names
+
+
+def test_directories_in_the_place_of_a_blob_or_an_entry_are_cleared(tmp_path):
+    store = LocalStore(tmp_path)
+    digest = sha256(b"edf")
+    store.blob_path(digest).mkdir(parents=True)
+    (store.blob_path(digest) / "junk").write_text("x")
+    store.action_path(GOOD).mkdir(parents=True)
+    store.store(GOOD, {"artifact": b"edf"})  # stores over both, no error
+    assert store.lookup(GOOD) == {"artifact": b"edf"}
+    other = sha256(b"other")
+    store.blob_path(other).mkdir(parents=True)
+    checked, dropped = store.verify()
+    assert dropped == [str(store.blob_path(other))]
+    assert not store.blob_path(other).exists() and store.lookup(GOOD) == {"artifact": b"edf"}

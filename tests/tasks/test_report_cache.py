@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -83,3 +84,32 @@ def test_an_unwritable_cache_is_one_warning_and_the_tests_still_run(project):
     assert CHECKED in proc.stdout
     assert proc.stderr.count("cannot be written") == 1, proc.stderr
     assert "KILN_CACHE_DIR" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        {"status": "pass"},
+        {"status": "pass", "outputs": 5},
+        {"status": "pass", "outputs": [{"ok": True}]},  # no worst error to print
+        {"status": "fail", "outputs": [{"ok": True, "max_abs": 0.0, "text": "fine"}]},
+        {"status": "pass", "outputs": [{"ok": False, "max_abs": 1.0, "text": "wrong"}]},
+        ["not", "a", "report"],
+    ],
+)
+def test_a_damaged_cached_report_is_a_miss_and_is_replaced(project, garbage):
+    sim_test(project)
+    store = project / ".cache" / "store"
+    data = json.dumps(garbage).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    (store / "cas" / digest[:2]).mkdir(parents=True, exist_ok=True)
+    (store / "cas" / digest[:2] / digest).write_bytes(data)
+    damaged = 0
+    for entry in (store / "ac").glob("*/*.json"):
+        outputs = json.loads(entry.read_text())["outputs"]
+        if "report" in outputs:
+            entry.write_text(json.dumps({"outputs": {"report": digest}}))
+            damaged += 1
+    assert damaged == 1
+    assert CHECKED in sim_test(project)  # run again, not printed from the damaged report
+    assert CACHED in sim_test(project)  # and the report it wrote replaced the damaged one
