@@ -196,6 +196,15 @@ def test_unit_kind_missing_from_the_machine_is_a_stage_error():
     assert "'dma'" in err.value.message and "tensor, vector" in err.value.render()
 
 
+def test_a_unit_kind_with_no_units_matters_only_when_the_program_uses_it():
+    units = (("dma", 1), ("tensor", 0), ("vector", 1))
+    sp = sched(prog([ins(0, "dma0", 1), ins(1, "vector0", 2, deps=[0])], units=units))
+    assert [s.start for s in sp.slots] == [0, 1]
+    with pytest.raises(StageError) as err:
+        sched(prog([ins(0, "tensor0", 1)], units=units))
+    assert "has 0 tensor units" in err.value.message and ">= 1" in err.value.render()
+
+
 def test_in_order_deadlock_on_forward_dependency_is_a_stage_error():
     p = prog([ins(0, "dma0", 1, deps=[1]), ins(1, "dma0", 1)], units=(("dma", 1),))
     with pytest.raises(StageError, match="in order"):
