@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -181,7 +182,28 @@ def run_tests(project: Project, instances: list, args) -> int:
         from kiln.tasks.junit import write_junit
 
         write_junit(args.junit, reports)
-    return 1 if counts["fail"] or counts["error"] else 0
+    if counts["fail"] or counts["error"]:
+        return 1
+    return _asked_for_and_unavailable(args.target or [], reports)
+
+
+def _asked_for_and_unavailable(asked: list[str], reports: list[dict]) -> int:
+    """2 when a target named with --target ran nowhere: a CI job asking for it tested nothing.
+
+    Targets taken from pipeline.yaml are only skipped where they cannot run
+    (a GPU target on a laptop); one asked for by name is an error, as it is
+    for ``kiln run`` and ``kiln bench``.
+    """
+    for target in dict.fromkeys(asked):
+        mine = [r for r in reports if r["target"] == target]
+        if mine and all(r["status"] == "skipped" for r in mine):
+            err = KilnError(
+                f"--target {target} was asked for, but it cannot run here: {mine[0]['reason']}",
+                hint=f"drop --target {target} to test only the targets that can run here",
+            )
+            print(err.render(), file=sys.stderr, flush=True)
+            return 2
+    return 0
 
 
 def test_tasks(project: Project, instances=None):

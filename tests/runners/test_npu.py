@@ -89,9 +89,16 @@ def test_cli_without_a_plugin_reports_the_missing_plugin_without_a_traceback(pro
     assert "needs a hardware runner plugin" in run.stderr
     assert "hint: run on the instruction-level simulator instead: --target sim" in run.stderr
     test = run_kiln(project, "test", "vector_add", "--target", "board")
-    assert test.returncode == 0
+    # asked for by name, it tested nothing: a CI job asking for the board must not pass
+    assert test.returncode == 2
     assert "SKIPPED vector_add.small @ board: no hardware runner plugin" in test.stdout
     assert "--target sim" in test.stdout
+    assert "error: --target board was asked for, but it cannot run here" in test.stderr
+    both = run_kiln(project, "test", "vector_add", "--target", "sim", "--target", "board")
+    assert both.returncode == 2 and "PASS    vector_add.small @ sim" in both.stdout
+    from_file = run_kiln(project, "test", "vector_add")  # pipeline.yaml's targets: skipped
+    assert from_file.returncode == 0, from_file.stdout + from_file.stderr
+    assert "SKIPPED vector_add.small @ board" in from_file.stdout
     for proc in (run, test):
         assert "Traceback" not in proc.stdout + proc.stderr
 
