@@ -102,18 +102,32 @@ class Project:
             if os.environ.get(OUT_DIR_ENV)
             else self.pipeline.locate("out_dir", value=True)
         )
+        missing = None  # the outermost part of the out dir that does not exist yet
         for part in (self.out_dir, *self.out_dir.parents):
             if part.is_dir():
+                problem = None
                 if not os.access(part, os.W_OK | os.X_OK):
+                    problem = "is not writable"
+                elif missing is not None:
+                    # access() says yes to root everywhere, /proc included: try it
+                    try:
+                        os.mkdir(missing)
+                        os.rmdir(missing)
+                    except FileExistsError:
+                        pass
+                    except OSError as exc:
+                        problem = f"refuses a new directory ({exc.strerror or exc})"
+                if problem is not None:
                     raise PipelineError(
                         f"the out dir {relative_path(self.out_dir, self.root)} cannot be "
-                        f"created: {relative_path(part, self.root)} is not writable",
+                        f"created: {relative_path(part, self.root)} {problem}",
                         location=where,
                         expected="a writable directory for the build",
                         found=str(part),
                         hint="fix its permissions or set out_dir (or KILN_OUT_DIR) elsewhere",
                     )
                 return
+            missing = part
             if part.exists() or part.is_symlink():
                 raise PipelineError(
                     f"the out dir {relative_path(self.out_dir, self.root)} cannot be a "
@@ -296,12 +310,29 @@ def find_pipeline(start: Path | None = None) -> Path:
     """Like git: the pipeline file in ``start`` (default: cwd) or the nearest parent."""
     for env in ("KILN_PIPELINE_FILE", "KILN_PIPELINE"):
         if os.environ.get(env):
-            return Path(os.environ[env])
+            path = Path(os.environ[env])
+            if path.is_dir() and (path / PIPELINE_FILE).is_file():  # as -f DIR reads it
+                return path / PIPELINE_FILE
+            if not path.is_file() and env == "KILN_PIPELINE":  # -f was checked by the CLI
+                raise PipelineError(
+                    f"KILN_PIPELINE names no pipeline file: {printable(str(path))}",
+                    expected="KILN_PIPELINE=PATH/pipeline.yaml, an existing file",
+                    found="a directory" if path.is_dir() else "nothing there",
+                    hint="fix or unset KILN_PIPELINE (kiln then looks for pipeline.yaml upwards)",
+                )
+            return path
     here = (start or Path.cwd()).absolute()
     for directory in (here, *here.parents):
         candidate = directory / PIPELINE_FILE
         if candidate.is_file():
             return candidate
+        if candidate.is_dir():
+            raise PipelineError(
+                f"{printable(str(candidate))} is a directory, not a pipeline file",
+                expected=f"{PIPELINE_FILE}, a YAML file",
+                found="a directory",
+                hint=f"rename the directory and write the pipeline into {PIPELINE_FILE}",
+            )
     raise PipelineError(
         f"no pipeline file ({PIPELINE_FILE}) in {printable(str(here))} or any directory above it",
         expected="a Kiln project: a directory holding pipeline.yaml",

@@ -45,3 +45,30 @@ def test_switching_the_out_dir_and_back_rebuilds_nothing(project):
     assert ran_tasks(run_kiln(project, "compile", "vector_add", check=True)) == []
     assert ran_tasks(run_kiln(project, "compile", "vector_add", env=env_other)) == []
     assert (project / "other-out" / "vector_add" / "small" / "kernel.edf").is_file()
+
+
+def test_a_directory_named_pipeline_yaml_is_named_as_such(tmp_path):
+    (tmp_path / "proj" / "pipeline.yaml").mkdir(parents=True)
+    proc = run_kiln(tmp_path / "proj", "compile")
+    assert proc.returncode == 2
+    assert "pipeline.yaml is a directory, not a pipeline file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_pipeline_env_naming_nothing_names_the_variable(project, tmp_path):
+    proc = run_kiln(tmp_path, "compile", env={"KILN_PIPELINE": str(tmp_path / "nope.yaml")})
+    assert proc.returncode == 2
+    assert "KILN_PIPELINE names no pipeline file" in proc.stderr and "nothing there" in proc.stderr
+    as_dir = run_kiln(tmp_path, "status", env={"KILN_PIPELINE": str(project)})  # as -f DIR
+    assert as_dir.returncode == 0, as_dir.stdout + as_dir.stderr
+
+
+def test_an_out_dir_that_cannot_be_made_is_one_error_at_its_key(project):
+    text = (project / "pipeline.yaml").read_text()
+    (project / "pipeline.yaml").write_text("out_dir: /proc/kiln-nope/out\n" + text)
+    proc = run_kiln(project, "compile")
+    assert proc.returncode == 2
+    assert "pipeline.yaml:1:10: error: the out dir /proc/kiln-nope/out cannot be created" in (
+        proc.stderr
+    )
+    assert proc.stderr.count("error:") == 1 and not os.path.exists("/proc/kiln-nope")
