@@ -86,6 +86,13 @@ def load_runner_class(name: str) -> type[Runner]:
                 "registered in the 'kiln.runners' entry-point group",
                 found=name,
             )
-        return found[0].load()
+        try:
+            return found[0].load()
+        except Exception as exc:  # a broken plugin is the plugin's problem, said plainly
+            raise TargetError(
+                f"the runner plugin {name!r} ({found[0].value}) cannot be loaded: "
+                f"{type(exc).__name__}: {exc}",
+                hint="reinstall the plugin, or run on the simulator instead: --target sim",
+            ) from None
     module_name, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module_name), attr)

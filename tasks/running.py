@@ -49,7 +49,12 @@ def make_runner(project: Project, target: str):
         )
     from kiln.cache.config import resolve_cache_config
 
-    cls = load_runner_class(spec.runner)
+    try:
+        cls = load_runner_class(spec.runner)
+    except TargetError as err:
+        if err.location is None:  # point at the target in pipeline.yaml
+            err.location = project.pipeline.locate(f"targets.{spec.name}.runner", value=True)
+        raise
     runner = cls(options=dict(spec.options), machine=project.machine(spec.machine))
     runner.artifact_cache = resolve_cache_config(project.pipeline.cache_settings)
     return runner

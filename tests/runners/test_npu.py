@@ -126,3 +126,26 @@ def test_cli_finds_an_installed_plugin(project, tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASS    vector_add.small @ board" in proc.stdout
+
+
+def test_a_plugin_that_fails_to_import_is_a_target_error_not_a_traceback(monkeypatch):
+    import kiln.runners.base as base
+    from kiln.runners.base import load_runner_class
+
+    broken = EntryPoint("acme", "acme_npu_not_installed_anywhere:Runner", "kiln.runners")
+    monkeypatch.setattr(base, "entry_points", lambda **kw: [broken])
+    with pytest.raises(TargetError) as info:
+        load_runner_class("acme")
+    assert "the runner plugin 'acme'" in info.value.message
+    assert "ModuleNotFoundError" in info.value.message and "--target sim" in info.value.hint
+
+
+def test_an_unknown_runner_points_at_its_target_in_pipeline_yaml(project):
+    text = (project / "pipeline.yaml").read_text()
+    (project / "pipeline.yaml").write_text(
+        text.replace("targets:\n", 'targets:\n  board: {runner: "acme_npu:Runner"}\n', 1)
+    )
+    proc = run_kiln(project, "test", "vector_add", "--target", "board")
+    assert proc.returncode == 2
+    assert "error: unknown runner 'acme_npu:Runner'" in proc.stderr
+    assert "at key: targets.board.runner" in proc.stderr and "Traceback" not in proc.stderr
