@@ -145,8 +145,8 @@ def remote_url_problem(url: str) -> tuple[str, str] | None:
 
         if scheme.lower() in known:
             return f"scheme {scheme!r} is not lower case", f"write {scheme.lower()}://{rest}"
-        hint = did_you_mean(scheme, sorted(known))
-        return f"fsspec knows no protocol {scheme!r}", hint or "use file://, s3:// or another"
+        hint = did_you_mean(scheme, sorted(known)) or "use file://, s3:// or another protocol"
+        return f"fsspec knows no protocol {scheme!r}", hint
     spec = known_implementations.get(scheme)
     if spec is not None and scheme not in registry:
         package = spec["class"].split(".")[0]
