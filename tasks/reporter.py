@@ -139,7 +139,10 @@ class KilnReporter:
         """An `-n` worker ran ``task`` from ``started`` to ``ended`` (before its outcome)."""
         self.ended[task.name] = ended
         self.workers[task.name] = worker
-        self._started(task, started)
+        if task.name in self.started:  # run in the build process: its start was reported
+            self.started[task.name] = started
+        else:
+            self._started(task, started)
 
     def _started(self, task, at: float) -> None:
         if task.subtask_of is None and task.has_subtask:
