@@ -23,6 +23,7 @@ from kiln.errors import KilnError
 DISTRIBUTED_EXTRA = "pip install 'kiln[distributed]'"
 # Backends whose single PUT is atomic: no temp key needed.
 ATOMIC_PUT = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
+BUCKETED = {"s3", "s3a", "gs", "gcs"}  # the URL's first path part is a bucket
 
 
 def warn(text: str) -> None:
@@ -177,6 +178,14 @@ class RemoteStore:
             self._trip(f"{type(error).__name__} while connecting: {error}")
         else:
             self.fs, self.root, self.protocol = outcome["value"]
+            if self.protocol in BUCKETED and self.root:
+                self._check_bucket()
+
+    def _check_bucket(self) -> None:
+        """A misspelt bucket reads as an empty cache forever: say so once instead."""
+        bucket = self.root.split("/", 1)[0]
+        if self._call(f"looking for the bucket {bucket}", self.fs.exists, bucket) is False:
+            self._trip(f"the bucket {bucket!r} does not exist")
 
     def _call(self, what: str, fn, *args, progress: list | None = None, writing: bool = False):
         """fn(*args) within the deadline; on any failure trip the breaker and return None.

@@ -139,3 +139,14 @@ def test_s3_server_killed_mid_upload_build_completes_with_one_warning(s3_server,
     assert "Traceback" not in err
     names = {"graph.json", "kernel.visa", "kernel.lir", "kernel.sched", "kernel.edf"}
     assert len([p for p in artifacts(project) if Path(p).name in names]) == TASKS
+
+
+def test_a_misspelt_bucket_is_one_warning_not_a_silently_empty_cache(s3_server, tmp_path):
+    env = dict(CREDENTIALS, KILN_S3_ENDPOINT_URL=s3_server.url)
+    project = s3_project(tmp_path, "typo")
+    text = (project / "pipeline.yaml").read_text()
+    (project / "pipeline.yaml").write_text(text.replace("s3://team-cache/", "s3://teem-cache/"))
+    proc = run_kiln(project, "compile", env=env, check=True)
+    assert f"(0 fetched, {TASKS} compiled)" in proc.stdout
+    assert proc.stderr.count("warning") == 1, proc.stderr
+    assert "the bucket 'teem-cache' does not exist" in proc.stderr
