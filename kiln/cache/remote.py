@@ -23,7 +23,6 @@ from kiln.errors import KilnError
 DISTRIBUTED_EXTRA = "pip install 'kiln[distributed]'"
 # Backends whose single PUT is atomic: no temp key needed.
 ATOMIC_PUT = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
-BUCKETED = {"s3", "s3a", "gs", "gcs"}  # the URL's first path part is a bucket
 
 
 def warn(text: str) -> None:
@@ -178,14 +177,6 @@ class RemoteStore:
             self._trip(f"{type(error).__name__} while connecting: {error}")
         else:
             self.fs, self.root, self.protocol = outcome["value"]
-            if self.protocol in BUCKETED and self.root:
-                self._check_bucket()
-
-    def _check_bucket(self) -> None:
-        """A misspelt bucket reads as an empty cache forever: say so once instead."""
-        bucket = self.root.split("/", 1)[0]
-        if self._call(f"looking for the bucket {bucket}", self.fs.exists, bucket) is False:
-            self._trip(f"the bucket {bucket!r} does not exist")
 
     def _call(self, what: str, fn, *args, progress: list | None = None, writing: bool = False):
         """fn(*args) within the deadline; on any failure trip the breaker and return None.
@@ -323,7 +314,9 @@ class RemoteStore:
         while key is not None:
             try:
                 outputs = parse_action_entry(self.fs.cat_file(self._path("ac", key)))
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
+                if _no_bucket(exc):  # not a miss: the cache would stay empty without a word
+                    raise MissingBucket(str(exc)) from None
                 break
             except IsADirectoryError:  # one damaged object, not the remote: reported by key
                 outputs = None
@@ -402,6 +395,16 @@ class RemoteStore:
 
     def close(self) -> None:
         """Nothing to release: calls run on their own daemon threads."""
+
+
+class MissingBucket(OSError):
+    """The remote's bucket does not exist (a misspelt URL): the remote is unusable."""
+
+
+def _no_bucket(exc: FileNotFoundError) -> bool:
+    # s3fs and gcsfs turn NoSuchBucket into FileNotFoundError, keeping the service's words
+    text = str(exc).lower()
+    return "nosuchbucket" in text or "bucket does not exist" in text
 
 
 def _no_more(count: int, digests: dict[str, str]) -> None:

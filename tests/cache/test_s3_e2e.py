@@ -149,4 +149,5 @@ def test_a_misspelt_bucket_is_one_warning_not_a_silently_empty_cache(s3_server, 
     proc = run_kiln(project, "compile", env=env, check=True)
     assert f"(0 fetched, {TASKS} compiled)" in proc.stdout
     assert proc.stderr.count("warning") == 1, proc.stderr
-    assert "the bucket 'teem-cache' does not exist" in proc.stderr
+    assert "s3://teem-cache/kiln is unavailable" in proc.stderr
+    assert "The specified bucket does not exist" in proc.stderr
