@@ -27,7 +27,9 @@ from kiln.runners.iree_scalar import (  # noqa: F401  (func_name, literal: part 
     func_name,
     literal,
     reassociation,
+    splat_values,
     ttype,
+    varying_dims,
 )
 
 from kiln.errors import TargetError
@@ -53,6 +55,8 @@ class _Func:
         self._broadcasts: dict[int, tuple[str, str, list[int]]] = {}
         self.squeezed: dict[int, tuple[str, str, list[int]]] = {}  # keepdims reduce -> unexpanded
         self._count = 0
+        self.splats = splat_values(graph)  # written as literals, never as splat tensors
+        self.varying = varying_dims(graph, self.splats)
         users, outputs = graph.users(), set(graph.outputs)
         self.inlined = {
             n.id
@@ -140,9 +144,9 @@ class _Func:
         """The tensor value of a node, materializing lazy consts and broadcasts."""
         if nid not in self.values:
             node = self.graph.node(nid)
-            if node.op == "const":
+            if nid in self.splats:
                 self.values[nid] = self.fill(
-                    literal(node.attr("value"), node.dtype), ELEM[node.dtype], node.shape
+                    literal(self.splats[nid], node.dtype), ELEM[node.dtype], node.shape
                 )
             elif node.op == "broadcast":
                 self.values[nid] = _broadcast(self, node)
@@ -173,43 +177,54 @@ class _Func:
             self._broadcasts[node.id] = (value, t, [i + offset for i in kept])
         return self._broadcasts[node.id]
 
-    def scalar_leaf(self, nid: int) -> Node | None:
-        """The const node a leaf reads, when it is a (broadcast) scalar constant."""
-        node = self.graph.node(nid)
-        if node.op == "broadcast":
-            node = self.graph.node(node.inputs[0])
-        return node if node.op == "const" else None
-
 
 def _elem_of(tensor_type: str) -> str:
     return tensor_type[len("tensor<") : -1].rsplit("x", 1)[-1]
 
 
-def _fused(f: _Func, root: int, rank: int):
-    """Operands and body of the elementwise tree at ``root`` (itself plus inlined producers).
+Leaf = tuple[str, list[int], str, list[int]]  # (tensor, shape, element type, loops it reads)
 
-    Returns ``(operands, value)``: operands are (tensor, type, map) over ``rank``
-    loops; ``value(body, in_args)`` emits the tree and returns the root's scalar.
+
+def _leaf(f: _Func, nid: int, rank: int) -> Leaf:
+    """How a generic over ``rank`` loops reads node ``nid``: a broadcast reads its source."""
+    node = f.graph.node(nid)
+    if node.op == "broadcast":
+        value, t, read = f.broadcast_source(node)
+        src = f.graph.node(node.inputs[0])
+        return value, [node.shape[d] for d in read], ELEM[src.dtype], read
+    return f.tensor(nid), list(node.shape), ELEM[node.dtype], list(range(rank))
+
+
+def _operands(leaves: list[Leaf], loops: list[int]) -> list[tuple[str, str, str]]:
+    """(tensor, type, map) of each leaf in a generic whose loops are the dims ``loops``."""
+    return [
+        (value, ttype(shape, elem), affine(len(loops), [f"d{loops.index(d)}" for d in read]))
+        for value, shape, elem, read in leaves
+    ]
+
+
+def _fused(f: _Func, root: int, rank: int):
+    """Leaves and body of the elementwise tree at ``root`` (itself plus inlined producers).
+
+    Returns ``(leaves, value)``: the tensors the tree reads (see :data:`Leaf`);
+    ``value(body, in_args)`` emits the tree and returns the root's scalar.
+    Uniform constants are literals in the body, never leaves.
     """
     g = f.graph
-    ident = affine(rank, [f"d{i}" for i in range(rank)])
-    operands: list[tuple[str, str, str]] = []
+    leaves: list[Leaf] = []
     slot: dict[int, int] = {}  # leaf node id -> operand index
 
     def collect(nid: int) -> None:
+        if nid in f.splats and nid != root:
+            return
         if nid == root or nid in f.inlined:
             for i in g.node(nid).inputs:
                 collect(i)
-        elif nid not in slot and f.scalar_leaf(nid) is None:
-            node = g.node(nid)
-            if node.op == "broadcast":
-                value, t, dims = f.broadcast_source(node)
-                operand = (value, t, affine(rank, [f"d{d}" for d in dims]))
-            else:
-                operand = (f.tensor(nid), ttype(node.shape, ELEM[node.dtype]), ident)
-            if operand not in operands:
-                operands.append(operand)
-            slot[nid] = operands.index(operand)
+        elif nid not in slot:
+            leaf = _leaf(f, nid, rank)
+            if leaf not in leaves:
+                leaves.append(leaf)
+            slot[nid] = leaves.index(leaf)
 
     collect(root)
 
@@ -218,11 +233,11 @@ def _fused(f: _Func, root: int, rank: int):
 
         def value(nid: int) -> str:
             if nid not in memo:
-                node, const = g.node(nid), f.scalar_leaf(nid)
+                node = g.node(nid)
                 if nid in slot:
                     memo[nid] = in_args[slot[nid]]
-                elif const is not None and nid != root and nid not in f.inlined:
-                    memo[nid] = b.const(const.attr("value"), const.dtype)
+                elif nid in f.splats:
+                    memo[nid] = b.const(f.splats[nid], node.dtype)
                 else:
                     args = [value(i) for i in node.inputs]
                     memo[nid] = emit_scalar(b, node, args, g.node(node.inputs[-1]).dtype)
@@ -230,19 +245,35 @@ def _fused(f: _Func, root: int, rank: int):
 
         return value(root)
 
-    return operands, emit
+    return leaves, emit
 
 
 def _elementwise(f: _Func, root: Node) -> str:
     """One generic for ``root`` and every inlined elementwise node feeding it."""
     rank, elem = root.type.rank, ELEM[root.dtype]
-    operands, emit = _fused(f, root.id, rank)
-    out = (
-        f.empty(root.shape, elem),
-        ttype(root.shape, elem),
-        affine(rank, [f"d{i}" for i in range(rank)]),
+    leaves, emit = _fused(f, root.id, rank)
+    loops = list(range(rank))
+    ident = affine(rank, [f"d{i}" for i in loops])
+    out = (f.empty(root.shape, elem), ttype(root.shape, elem), ident)
+    return f.generic(
+        _operands(leaves, loops), out, ["parallel"] * rank, lambda b, ins, _: emit(b, ins)
     )
-    return f.generic(operands, out, ["parallel"] * rank, lambda b, ins, _: emit(b, ins))
+
+
+def _without(f: _Func, leaf: Leaf, dims: list[int]) -> Leaf:
+    """The leaf with the loops ``dims`` dropped: its slice at index 0 along them."""
+    value, shape, elem, read = leaf
+    gone = [k for k, d in enumerate(read) if d in dims]
+    if not gone:
+        return leaf
+    small = [n for k, n in enumerate(shape) if k not in gone]
+    sizes = ", ".join("1" if k in gone else str(n) for k, n in enumerate(shape))
+    zeros, ones = ", ".join(["0"] * len(shape)), ", ".join(["1"] * len(shape))
+    value = f.emit(
+        f"tensor.extract_slice {value}[{zeros}][{sizes}][{ones}] : "
+        f"{ttype(shape, elem)} to {ttype(small, elem)}"
+    )
+    return value, small, elem, [d for d in read if d not in dims]
 
 
 _INIT = {  # (op, accumulator) -> identity literal
@@ -270,6 +301,8 @@ _COMBINE = {
 
 
 def _reduce(f: _Func, node: Node) -> str:
+    """One generic (two, see :func:`_first_axes`) over the reduced dims the input varies
+    along; the others are folded: a loop must read something, and need not."""
     x = f.graph.node(node.inputs[0])
     axes, rank, dt = tuple(node.attr("axes")), x.type.rank, x.dtype
     acc = "f32" if dt in FLOATS else ("i64" if dt == "i32" and node.op == "mean" else ELEM[dt])
@@ -279,10 +312,15 @@ def _reduce(f: _Func, node: Node) -> str:
     combine = _COMBINE["sum" if node.op == "mean" else node.op][acc]
 
     if x.id in f.inlined:  # an elementwise producer used only here runs in this loop
-        ins, emit = _fused(f, x.id, rank)
+        leaves, emit = _fused(f, x.id, rank)
     else:
-        ident = affine(rank, [f"d{i}" for i in range(rank)])
-        ins, emit = [(f.tensor(x.id), ttype(x.shape, ELEM[dt]), ident)], lambda b, args: args[0]
+        leaves, emit = [_leaf(f, x.id, rank)], lambda b, args: args[0]
+    folded = [a for a in axes if a not in f.varying[x.id]]
+    loops = [i for i in range(rank) if i not in folded]
+    leaves = [_without(f, leaf, folded) for leaf in leaves]
+    looped = [a for a in axes if a not in folded]
+    first = _first_axes(leaves, looped)
+    mid = [i for i in loops if i not in first]  # the dims of the first generic's result
 
     def body_fn(b: Body, args: list[str], out: str) -> str:
         v = emit(b, args)
@@ -292,26 +330,76 @@ def _reduce(f: _Func, node: Node) -> str:
             v = b.op(f"arith.extsi {v} : i32 to i64")
         return b.op(f"{combine} {v}, {out} : {acc}")
 
-    out = (init, ttype(shape, acc), affine(rank, [f"d{i}" for i in kept]))
-    iters = ["reduction" if i in axes else "parallel" for i in range(rank)]
-    value = f.generic(ins, out, iters, body_fn)
-    count = int(np.prod([x.shape[i] for i in axes]))
-    if node.op == "mean" and acc == "i64":
-
-        def finish(b, v):
-            q = b.ins("arith.divsi", v, b.op(f"arith.constant {count} : i64"), t="i64")
-            return b.op(f"arith.trunci {q} : i64 to i32")
-
-        value = f.map_values(value, shape, "i64", "i32", finish)
-    elif node.op == "mean" and acc == "f32":
-        value = f.map_values(
-            value, shape, "f32", "f32", lambda b, v: b.ins("arith.divf", v, b.const(count, "f32"))
+    mid_shape = [x.shape[i] for i in mid]
+    out = f.fill(_INIT[node.op, acc], acc, mid_shape) if mid != kept else init
+    out_map = affine(len(loops), [f"d{loops.index(i)}" for i in mid])
+    iters = ["reduction" if i in first else "parallel" for i in loops]
+    out = (out, ttype(mid_shape, acc), out_map)
+    value = f.generic(_operands(leaves, loops), out, iters, body_fn)
+    if mid != kept:
+        value = f.generic(
+            [(value, ttype(mid_shape, acc), affine(len(mid), [f"d{i}" for i in range(len(mid))]))],
+            (init, ttype(shape, acc), affine(len(mid), [f"d{mid.index(i)}" for i in kept])),
+            ["reduction" if i in axes else "parallel" for i in mid],
+            lambda b, args, out: b.op(f"{combine} {args[0]}, {out} : {acc}"),
         )
+    count, repeats = (int(np.prod([x.shape[i] for i in dims])) for dims in (looped, folded))
+    value = _finish(f, node.op, value, shape, acc, count, repeats)
     value = f.round_to(value, shape, dt)
     if node.attr("keepdims"):  # expanded on first use: a broadcast of it reads this directly
         f.squeezed[node.id] = (value, ttype(shape, ELEM[dt]), kept)
         return None
     return value
+
+
+def _first_axes(leaves: list[Leaf], axes: list[int]) -> list[int]:
+    """The reduced loops of the generic that reads ``leaves``: each leaf reads all or none.
+
+    IREE 3.13 (llvm-cpu) turns a multiply-and-sum whose operand reads some but
+    not all of several reduced loops into an invalid ``vector.contract``
+    (sum(broadcast(u[A, 1, C]) * x, axis=(0, 1))); the other loops are reduced
+    by a second generic over the first one's result.
+    """
+    reads = [set(read) & set(axes) for *_, read in leaves]
+    reads = [r for r in reads if r]
+    if not reads:
+        return axes
+    common = set(axes).intersection(*reads) or {min(reads[0])}
+    return [a for a in axes if a in common]
+
+
+def _finish(f: _Func, op: str, value: str, shape, acc: str, count: int, repeats: int) -> str:
+    """Mean's division by the looped ``count``; sum and prod over ``repeats`` folded copies."""
+    if op == "mean" and acc == "i64":
+
+        def quotient(b, v):
+            q = b.ins("arith.divsi", v, b.op(f"arith.constant {count} : i64"), t="i64")
+            return b.op(f"arith.trunci {q} : i64 to i32")
+
+        return f.map_values(value, shape, "i64", "i32", quotient)
+    if op == "mean" and count != 1:
+        return f.map_values(
+            value, shape, acc, acc, lambda b, v: b.ins("arith.divf", v, b.const(count, "f32"))
+        )
+    if repeats == 1 or acc == "i1" or op not in ("sum", "prod"):
+        return value
+    mul = "arith.mulf" if acc == "f32" else "arith.muli"
+    if op == "sum":
+        count = ("f32" if acc == "f32" else "i32", repeats)
+        return f.map_values(
+            value, shape, acc, acc, lambda b, v: b.ins(mul, v, b.const(count[1], count[0]), t=acc)
+        )
+
+    def power(b: Body, v: str) -> str:  # square and multiply: ~2 log2(repeats) products
+        result, n = None, repeats
+        while n:
+            if n & 1:
+                result = v if result is None else b.ins(mul, result, v, t=acc)
+            n >>= 1
+            v = b.ins(mul, v, v, t=acc) if n else v
+        return result
+
+    return f.map_values(value, shape, acc, acc, power)
 
 
 def _matmul(f: _Func, node: Node) -> str:
@@ -366,10 +454,7 @@ def _reshape(f: _Func, node: Node) -> str:
 
 
 def _broadcast(f: _Func, node: Node) -> str:
-    const = f.scalar_leaf(node.id)
     elem = ELEM[node.dtype]
-    if const is not None:
-        return f.fill(literal(const.attr("value"), const.dtype), elem, node.shape)
     value, t, dims = f.broadcast_source(node)
     added = [d for d in range(node.type.rank) if d not in dims]
     if not added:
@@ -487,7 +572,7 @@ def to_mlir(graph: Graph) -> str:
     for arg in graph.args:
         f.values[arg.id] = f"%arg{arg.attr('index')}"
     for node in graph.nodes:
-        if node.op in LAZY or node.id in f.inlined:
+        if node.op in LAZY or node.id in f.inlined or node.id in f.splats:
             continue
         emitter = TENSOR.get(node.op)
         if emitter is None:

@@ -2,7 +2,9 @@
 
 One emitter per elementwise op (STYLE 5), writing arith/math ops into a
 ``linalg.generic`` body; f16/bf16 operands are widened to f32 around each op
-and rounded back, as the oracle does. Used by runners/iree_mlir.py.
+and rounded back, as the oracle does. Also the graph facts that make values
+scalars: uniform constants, and the dims a value does not vary along.
+Used by runners/iree_mlir.py.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Protocol
 import numpy as np
 
 from kiln.errors import TargetError
-from kiln.ir.graph import Graph, Node
-from kiln.ir.interp import NUMPY_DTYPES
+from kiln.ir.graph import Graph, Node, TensorType
+from kiln.ir.interp import NUMPY_DTYPES, evaluate
+from kiln.ir.ops import OPS
 
 ELEM = {"f32": "f32", "f16": "f16", "bf16": "bf16", "i32": "i32", "bool": "i1"}
 FLOATS = ("f32", "f16", "bf16")
@@ -79,6 +82,98 @@ def reassociation(rank: int, kept: list[int]) -> str:
         else:
             groups.append([i])
     return "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]"
+
+
+# ---------------------------------------------------------------------------
+# Uniform constants: folded here, so IREE never sees a splat tensor reduced.
+
+_SAME_VALUE = ("broadcast", "reshape", "transpose", "slice")
+
+
+def splat_values(graph: Graph) -> dict[int, np.ndarray]:
+    """Nodes whose every element is one value known now (node id -> 0-d array of its dtype).
+
+    Constants and whatever is computed from them alone (full_like, ones_like,
+    a reduction of one), by the oracle's own arithmetic. The emitter writes
+    these as scalar literals: IREE 3.13 folds a splat tensor into a reduction
+    that reads it and then loses the reduced loop (sum(ones(3, 5), -1) == 1).
+    """
+    known: dict[int, np.ndarray] = {}
+    for node in graph.nodes:
+        values = [known.get(i) for i in node.inputs]
+        if node.op == "const":
+            value = evaluate("const", [], dict(node.attrs), TensorType((), node.dtype))
+        elif not node.inputs or any(v is None for v in values):
+            continue
+        elif node.op in _SAME_VALUE or (
+            node.op == "concat" and len({v.tobytes() for v in values}) == 1
+        ):
+            value = values[0]
+        elif _kind(node) in ELEMENTWISE:
+            value = evaluate(node.op, values, dict(node.attrs), TensorType((), node.dtype))
+        elif _kind(node) == "reduce":
+            value = _reduced_splat(graph, node, values[0])
+        else:
+            continue
+        if value is not None:
+            known[node.id] = value
+    return known
+
+
+def varying_dims(graph: Graph, splats: dict[int, np.ndarray]) -> dict[int, frozenset[int]]:
+    """The dims of each node's shape its value may vary along (node id -> dims).
+
+    A reduction along a dim its input does not vary along is folded by the
+    emitter (sum: times the count, prod: to that power, max/min/mean: itself):
+    a loop that reads nothing along it is invalid MLIR, and IREE 3.13 miscompiles
+    a broadcast materialized and then reduced along its stretched dim.
+    """
+    dims: dict[int, frozenset[int]] = {}
+    for node in graph.nodes:
+        rank, kind = node.type.rank, _kind(node)
+        ins = [dims[i] for i in node.inputs]
+        if node.id in splats:
+            dims[node.id] = frozenset()
+        elif node.op == "broadcast":
+            src = graph.node(node.inputs[0])
+            offset = rank - src.type.rank
+            dims[node.id] = frozenset(
+                d + offset for d in ins[0] if src.shape[d] == node.shape[d + offset]
+            )
+        elif kind in ELEMENTWISE:
+            dims[node.id] = frozenset().union(*ins)
+        elif kind == "reduce":
+            axes, varied = node.attr("axes"), ins[0] - set(node.attr("axes"))
+            if node.attr("keepdims"):
+                dims[node.id] = varied
+            else:
+                kept = [d for d in range(graph.node(node.inputs[0]).type.rank) if d not in axes]
+                dims[node.id] = frozenset(k for k, d in enumerate(kept) if d in varied)
+        elif node.op == "transpose":
+            dims[node.id] = frozenset(k for k, d in enumerate(node.attr("perm")) if d in ins[0])
+        elif node.op == "slice":
+            dims[node.id] = ins[0]
+        else:
+            dims[node.id] = frozenset(range(rank))
+    return dims
+
+
+def _kind(node: Node) -> str | None:
+    return OPS[node.op].kind if node.op in OPS else None  # unknown: the emitter refuses it
+
+
+def _reduced_splat(graph: Graph, node: Node, value: np.ndarray) -> np.ndarray | None:
+    """A reduction of a uniform tensor: the oracle run on one row of the reduced axes."""
+    x, axes = graph.node(node.inputs[0]), tuple(node.attr("axes"))
+    row = np.broadcast_to(value, [d if i in axes else 1 for i, d in enumerate(x.shape)])
+    out = TensorType(
+        tuple(1 for i in range(x.type.rank) if node.attr("keepdims") or i not in axes),
+        node.dtype,
+    )
+    try:
+        return evaluate(node.op, [row], dict(node.attrs), out).reshape(())
+    except ValueError:  # max/min of an empty axis: left to the target to refuse
+        return None
 
 
 # ---------------------------------------------------------------------------
