@@ -243,6 +243,8 @@ def test_filter_that_matches_nothing_lists_the_kernels(proj, built):
 # -- (b) broken kernels ---------------------------------------------------------------------
 
 BROKEN = """\
+import sys
+
 import numpy as np
 
 from kiln import Tensor, device
@@ -309,6 +311,16 @@ def bk_axis(x: Tensor["R", "C"]):
 @device
 def bk_dtype(x: Tensor["N"]):
     return x.astype("f64")  # <- bk_dtype
+
+
+@device
+def bk_exit(x: Tensor["N"]):
+    sys.exit(0)  # <- bk_exit
+
+
+@device
+def bk_keyword_only(x: Tensor["N"], *, y: Tensor["N"]):  # <- bk_keyword_only
+    return x + y
 """
 
 BROKEN_IMPORT = """\
@@ -343,6 +355,10 @@ BROKEN_CASES = [
     ("bk_reshape", "broken.py", "bk_reshape", ["cannot reshape", "(4, 6)"]),
     ("bk_axis", "broken.py", "bk_axis", ["axis 2 is out of range"]),
     ("bk_dtype", "broken.py", "bk_dtype", ["unsupported dtype 'f64'"]),
+    ("bk_exit", "broken.py", "bk_exit", ["kernel 'bk_exit' called sys.exit(0) while tracing"]),
+    ("bk_keyword_only", "broken.py", "bk_keyword_only",
+     ["argument 'y' of kernel 'bk_keyword_only' is keyword-only",
+      "kernel arguments must be positional"]),
     ("bk_import", "broken_import.py", "bk_import",
      ["importing kernel module 'kernels.broken_import' failed", "kiln_no_such_module"]),
 ]
@@ -426,6 +442,42 @@ def test_broken_kernel_through_kiln_compile(broken_proj, built):
     # the later stages of that kernel are counted, not reported again
     assert "kiln: 5 tasks: 0 ran, 0 up to date, 1 failed, 4 not run (an input failed)" in out
     assert_nothing_lost(broken_proj, built)
+
+
+def test_kernel_calling_sys_exit_fails_alone(broken_proj, built):
+    """sys.exit() in a kernel body used to end the build silently, with exit 0."""
+    proc = run_kiln(broken_proj, "compile", "bk_exit", "softmax")
+    out = assert_clean_failure(proc, 1)
+    line, text = marked(BROKEN, "bk_exit")
+    assert f"broken.py:{line}:5: error: kernel 'bk_exit' called sys.exit(0) while tracing" in out
+    assert re.search(r"kiln: 10 tasks: 5 ran, 0 up to date, 1 failed, 4 not run", out), out
+    assert_nothing_lost(broken_proj, built)
+
+
+EAGER_EXIT = """\
+import sys
+
+from kiln import Tensor, device
+
+
+@device
+def eager_exit(x: Tensor["N"]):
+    if not x.is_traced:
+        sys.exit("bye")  # <- eager_exit
+    return x + 1.0
+"""
+
+
+def test_kernel_calling_sys_exit_in_the_oracle_is_an_error(proj):
+    (proj / "kernels" / "eager_exit.py").write_text(EAGER_EXIT)
+    edit(proj, ("kernels:\n", "kernels:\n  eager_exit: {shapes: {N: 4}}\n"))
+    run_kiln(proj, "compile", "eager_exit", check=True)  # the trace does not exit
+    out = assert_clean_failure(run_kiln(proj, "test", "eager_exit", "--target", "sim"), 2)
+    line, text = marked(EAGER_EXIT, "eager_exit")
+    head = header(out)
+    assert head["file"].endswith("eager_exit.py") and int(head["line"]) == line, out
+    assert "kernel 'eager_exit' called sys.exit('bye') while running on the host" in out
+    assert f"| {text}" in out, out
 
 
 def test_there_are_at_least_10_broken_kernels():

@@ -75,6 +75,15 @@ class DeviceFunction:
         raw = getattr(self.fn, "__annotations__", {})
         out = []
         for p in self.signature.parameters.values():
+            if p.kind is p.KEYWORD_ONLY:  # runners and the test inputs pass arguments by position
+                raise TraceError(
+                    f"argument {p.name!r} of kernel {self.__name__!r} is keyword-only: "
+                    "kernel arguments must be positional",
+                    location=param_location(self.fn, p.name),
+                    expected=f"def {self.__name__}(..., {p.name}: Tensor[...])",
+                    found=f"def {self.__name__}(..., *, {p.name}: ...)",
+                    hint="remove the `*` (or `*args`) before it in the signature",
+                )
             spec = _annotation_spec(self.fn, raw.get(p.name))
             variadic = p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
             if variadic or not isinstance(spec, TensorSpec):
@@ -247,6 +256,13 @@ def invoke(kernel: DeviceFunction, args: tuple, kwargs: dict, *, wrap_errors: bo
             location=frame_location(exc.__traceback__) or def_location(kernel.fn),
             notes=[f"raised by the kernel's own code while tracing {kernel.__name__!r}"],
         ) from exc
+    except SystemExit as exc:  # would end the whole build or test run, often with status 0
+        doing = "while tracing" if wrap_errors else "while running on the host"
+        raise TraceError(
+            f"kernel {kernel.__name__!r} called sys.exit({exc.code!r}) {doing}",
+            location=frame_location(exc.__traceback__) or def_location(kernel.fn),
+            hint="a kernel must not exit; raise an exception to report a problem",
+        ) from None
 
 
 def outputs(kernel: DeviceFunction, result: Any) -> list[Tensor]:

@@ -10,7 +10,6 @@ positions beside it, for the trace stage's side artifact).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from inspect import Parameter
 
 from kiln.errors import TraceError, VerifyError
 from kiln.ir.graph import Graph, TensorType, make_attrs
@@ -53,20 +52,16 @@ def trace_with_lines(
     source_file = code.co_filename if record_lines and code is not None else None
     builder = Builder(source_file)
     positional: list[Tensor] = []
-    keyword: dict[str, Tensor] = {}
     for index, (name, dims) in enumerate(params):
         shape = tuple(_size(fn, name, dim, sizes) for dim in dims)
         type_ = TensorType(shape, types[name])
         tensor = Tensor._traced(
             builder, builder.add("arg", (), make_attrs(name=name, index=index), type_), type_
         )
-        if fn.signature.parameters[name].kind is Parameter.KEYWORD_ONLY:
-            keyword[name] = tensor
-        else:
-            positional.append(tensor)
+        positional.append(tensor)  # DeviceFunction.params admits positional parameters only
 
     with tracing(builder):
-        result = invoke(fn, tuple(positional), keyword, wrap_errors=True)
+        result = invoke(fn, tuple(positional), {}, wrap_errors=True)
     outs = outputs(fn, result)
     if any(t._builder is not builder for t in outs):
         raise TraceError(

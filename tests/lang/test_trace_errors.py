@@ -10,6 +10,8 @@ from kiln import trace
 from kiln.errors import TraceError
 
 BROKEN = """\
+import sys
+
 import numpy as np
 
 import kiln
@@ -125,6 +127,30 @@ def captured_array(x: Tensor["N"]):
 @device
 def no_annotation(x: Tensor["N"], y):  # <- no_annotation
     return x + y
+
+
+@device
+def exits(x: Tensor["N"]):
+    y = x + 1.0
+    sys.exit(0)  # <- exits
+    return y
+
+
+@device
+def exits_with_text(x: Tensor["N"]):
+    raise SystemExit("bye")  # <- exits_with_text
+
+
+@device
+def exits_when_eager(x: Tensor["N"]):
+    if not x.is_traced:
+        sys.exit(3)  # <- exits_when_eager
+    return x + 1.0
+
+
+@device
+def keyword_only(x: Tensor["N"], *, y: Tensor["N"]):  # <- keyword_only
+    return x + y
 """
 
 SIZES = {"N": 4, "M": 5, "K": 3, "J": 2, "R": 4, "C": 6}
@@ -166,6 +192,13 @@ CASES = [
     ("bad_dtype", "bad_dtype", ["unsupported dtype 'f64'"]),
     ("captured_array", "captured_array", ["numpy array of shape (4,)", "argument"]),
     ("no_annotation", "no_annotation", ["argument 'y'", "needs dims"]),
+    ("exits", "exits", ["kernel 'exits' called sys.exit(0) while tracing", "must not exit"]),
+    ("exits_with_text", "exits_with_text", ["called sys.exit('bye') while tracing"]),
+    (
+        "keyword_only",
+        "keyword_only",
+        ["argument 'y' of kernel 'keyword_only' is keyword-only", "must be positional"],
+    ),
 ]
 
 
@@ -213,6 +246,24 @@ def test_eager_user_exception_propagates_unchanged(broken):
     module, _ = broken
     with pytest.raises(ZeroDivisionError):
         module.user_exception(np.zeros(4, np.float32))
+
+
+def test_eager_sys_exit_is_a_trace_error_not_an_exit(broken):
+    """The cpu oracle runs kernels eagerly: an exit there must not end `kiln test`."""
+    module, path = broken
+    with pytest.raises(TraceError) as info:
+        module.exits_when_eager(np.zeros(4, np.float32))
+    text = info.value.render()
+    assert "kernel 'exits_when_eager' called sys.exit(3) while running on the host" in text
+    assert Path(info.value.location.file) == path
+    assert info.value.location.line == marked_line("exits_when_eager")[0]
+
+
+def test_keyword_only_argument_is_refused_eagerly_too(broken):
+    module, _ = broken
+    x = np.zeros(4, np.float32)
+    with pytest.raises(TraceError, match="kernel arguments must be positional"):
+        module.keyword_only(x, y=x)
 
 
 def test_eager_wrong_argument_count_names_the_signature(broken):
