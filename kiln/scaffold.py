@@ -171,6 +171,10 @@ PYPROJECT = """\
 [tool.pytest.ini_options]
 testpaths = ["tests"]
 pythonpath = ["."]
+
+# plain `doit dumpdb` reads Kiln's state file (sqlite3), as `kiln dumpdb` does
+[tool.doit.plugins.command]
+dumpdb = "kiln.tasks.doit_commands:KilnDumpDB"
 """
 
 GITIGNORE = """\

@@ -7,8 +7,8 @@ import os
 import time
 from pathlib import Path
 
-from doit.doit_cmd import DoitMain
 from kiln.tasks.compile import DUMP_FILES, stage_artifact
+from kiln.tasks.doit_commands import KilnDoitMain
 from kiln.tasks.executor import resolve_executor
 from kiln.tasks.importpath import add_project_root
 from kiln.tasks.loader import KilnLoader, doit_command, lock_for_command
@@ -35,10 +35,10 @@ def run_doit(
     """
     loader = KilnLoader(project, instances, fail_fast=fail_fast, groups=groups)
     if doit_command(argv) is None:
-        return DoitMain(loader).run(argv)
+        return KilnDoitMain(loader).run(argv)
     locked = lock_for_command(loader.project, argv)
     try:
-        return DoitMain(loader).run(argv)
+        return KilnDoitMain(loader).run(argv)
     finally:
         if locked:
             release(loader.project.state_dir)

@@ -157,10 +157,13 @@ def dodo_namespace(start: Path | None = None) -> dict:
     a problem with the project is printed as Kiln's one message instead,
     and the process exits 2, as `kiln compile` does.
     """
+    from kiln.tasks.doit_commands import patch_plain_doit
+
     from kiln.brokenpipe import guard_stdout
 
     guard_stdout()
     setup_logging()
+    patch_plain_doit()
     with exit_on_user_error():
         project = Project.find(start)
         # plain doit: the lock is held until the process exits; a busy lock with

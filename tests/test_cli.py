@@ -27,6 +27,29 @@ def test_doit_commands_pass_through(project):
     run_kiln(project, "forget", check=True)
 
 
+def test_info_of_an_unknown_task_is_one_line_not_a_traceback(project):
+    for name, says in [
+        ("compile:nosuch", "`kiln list --all` lists the tasks"),
+        ("compile:vector_ad.small.visa", "Did you mean 'compile:vector_add.small.visa'?"),
+    ]:
+        proc = run_kiln(project, "info", name)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert f"ERROR: '{name}' is not a task. {says}" in proc.stderr
+
+
+def test_dumpdb_prints_the_state_kiln_keeps_in_sqlite(project):
+    run_kiln(project, "compile", "vector_add", check=True)
+    proc = run_kiln(project, "dumpdb", check=True)
+    assert "Traceback" not in proc.stderr and "DBM type" not in proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if " -> {" in line]
+    assert [line.split(" -> ")[0] for line in lines][:2] == [
+        "compile:vector_add.small.edf",
+        "compile:vector_add.small.lir",
+    ]
+    assert "kernel.visa" in proc.stdout  # a file_dep of the lir task, with its stamp
+
+
 def test_parallel_compile(project):
     proc = run_kiln(project, "-n", "2", "compile", check=True)
     assert "failed" not in proc.stderr.lower()

@@ -54,6 +54,17 @@ def test_new_project_compiles_builds_with_doit_and_passes_its_tests(tmp_path):
     assert pytest_run.returncode == 0 and "1 passed" in pytest_run.stdout, pytest_run.stdout
 
 
+def test_plain_doit_info_and_dumpdb_answer_without_a_traceback(tmp_path):
+    ok(run(tmp_path, "init", "p"))
+    project = tmp_path / "p"
+    ok(run(project, "compile"))
+    info = run(project, "info", "compile:nosuch", tool="doit")
+    assert info.returncode == 3 and "Traceback" not in info.stderr, info.stderr
+    assert "ERROR: 'compile:nosuch' is not a task. `doit list --all` lists" in info.stderr
+    dumped = ok(run(project, "dumpdb", tool="doit"))  # the project's pyproject.toml plugin
+    assert "compile:scale_add.small.edf -> {" in dumped.stdout, dumped.stdout + dumped.stderr
+
+
 def test_new_project_in_the_working_directory_is_lint_clean(tmp_path):
     ok(run(tmp_path, "init"))
     assert set(project_files("x")) <= {
