@@ -301,8 +301,9 @@ _COMBINE = {
 
 
 def _reduce(f: _Func, node: Node) -> str:
-    """One generic (two, see :func:`_first_axes`) over the reduced dims the input varies
-    along; the others are folded: a loop must read something, and need not."""
+    """One generic (two, see :func:`_first_axes`) looping over the reduced dims the input
+    varies along; the others are folded into the result (:func:`_finish`), since every
+    loop of a generic must be read by some operand."""
     x = f.graph.node(node.inputs[0])
     axes, rank, dt = tuple(node.attr("axes")), x.type.rank, x.dtype
     acc = "f32" if dt in FLOATS else ("i64" if dt == "i32" and node.op == "mean" else ELEM[dt])
@@ -377,17 +378,17 @@ def _finish(f: _Func, op: str, value: str, shape, acc: str, count: int, repeats:
             return b.op(f"arith.trunci {q} : i64 to i32")
 
         return f.map_values(value, shape, "i64", "i32", quotient)
-    if op == "mean" and count != 1:
+    if op == "mean" and acc == "f32" and count != 1:
         return f.map_values(
             value, shape, acc, acc, lambda b, v: b.ins("arith.divf", v, b.const(count, "f32"))
         )
     if repeats == 1 or acc == "i1" or op not in ("sum", "prod"):
         return value
     mul = "arith.mulf" if acc == "f32" else "arith.muli"
-    if op == "sum":
-        count = ("f32" if acc == "f32" else "i32", repeats)
+    if op == "sum":  # i32 wraps as numpy's int64 sum cast back does
+        dtype = "f32" if acc == "f32" else "i32"
         return f.map_values(
-            value, shape, acc, acc, lambda b, v: b.ins(mul, v, b.const(count[1], count[0]), t=acc)
+            value, shape, acc, acc, lambda b, v: b.ins(mul, v, b.const(repeats, dtype), t=acc)
         )
 
     def power(b: Body, v: str) -> str:  # square and multiply: ~2 log2(repeats) products

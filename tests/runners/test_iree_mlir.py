@@ -145,3 +145,44 @@ def test_golden_slice_concat_prod():
     assert "tensor.extract_slice %arg0[1, 0][3, 3][1, 2]" in text
     assert text.count("tensor.insert_slice") == 2
     assert text == path.read_text()
+
+
+def _bcast_graph(name, src_shape, shape, reduce_op, axes, with_x=False, value=None) -> Graph:
+    """reduce_op(broadcast(w or a const) [* x], axes): the input does not vary along some axes."""
+    n: list[Node] = []
+    x = _node(n, "arg", (), shape, name="x", index=0)
+    if value is None:
+        w = _node(n, "arg", (), src_shape, name="w", index=1)
+    else:
+        w = _node(n, "const", (), (), value=value)
+    b = _node(n, "broadcast", (w,), shape, shape=shape)
+    y = _node(n, "mul", (b, x), shape) if with_x else b
+    out_shape = tuple(d for i, d in enumerate(shape) if i not in axes)
+    out = _node(n, reduce_op, (y,), out_shape, axes=axes, keepdims=False)
+    graph = Graph(name, tuple(n), (out,))
+    graph.verify()
+    return graph
+
+
+def test_reduction_of_a_constant_is_a_literal_not_a_loop():
+    text = to_mlir(_bcast_graph("c_sum", (), (3, 5), "sum", (1,), value=1.0))
+    assert "linalg.generic" not in text
+    assert "arith.constant 5.0 : f32" in text and "linalg.fill" in text
+    text = to_mlir(_bcast_graph("c_prod", (), (3, 5), "prod", (1,), value=2.0))
+    assert "arith.constant 32.0 : f32" in text
+
+
+def test_reduction_along_a_broadcast_dim_is_folded_into_a_product():
+    text = to_mlir(_bcast_graph("r_bcol", (3, 1), (3, 5), "sum", (1,)))
+    assert 'iterator_types = ["parallel"]' in text  # no loop over the stretched dim
+    assert "arith.constant 5.0 : f32" in text and "arith.mulf" in text
+    text = to_mlir(_bcast_graph("r_bmax", (3, 1), (3, 5), "max", (1,)))
+    assert "arith.constant 5.0" not in text  # max of copies is the value
+
+
+def test_operand_reading_part_of_several_reduced_loops_reduces_in_two_steps():
+    text = to_mlir(_bcast_graph("r_part", (2, 1, 5), (2, 3, 5), "sum", (0, 1), with_x=True))
+    assert 'iterator_types = ["reduction", "parallel", "parallel"]' in text
+    assert 'iterator_types = ["reduction", "parallel"]' in text
+    text = to_mlir(_bcast_graph("r_whole", (2, 1, 5), (2, 3, 5), "sum", (0,), with_x=True))
+    assert text.count("linalg.generic") == 1  # a single reduced loop: one generic

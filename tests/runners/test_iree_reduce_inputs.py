@@ -66,6 +66,9 @@ def bcast_2d(x: Tensor["R", "C"], w: Tensor["R", 1], v: Tensor["C"]):
         kiln.logsumexp(bw, axis=-1),
         kiln.softmax(bv, axis=0),
         (bw - x).sum(axis=-1),
+        (bw > 0).min(axis=-1),
+        (bv > 0).max(axis=0, keepdims=True),
+        ((bw > 0) & (x > 0)).sum(axis=(0, 1)),
     )
 
 
@@ -73,6 +76,7 @@ def bcast_2d(x: Tensor["R", "C"], w: Tensor["R", 1], v: Tensor["C"]):
 def bcast_3d(x: Tensor["A", "B", "C"], u: Tensor["A", 1, "C"], s: Tensor["B", 1]):
     bu, bs = kiln.broadcast_to(u, x.shape), kiln.broadcast_to(s, x.shape)
     k = kiln.broadcast_to(x.sum(axis=1, keepdims=True), x.shape)
+    y = bu * 3.0  # used three times: a tensor of its own, reduced along its broadcast dim
     return (
         (bu * 3.0).sum(axis=1),
         (bu * 3.0).sum(axis=(1, 2)),
@@ -89,6 +93,9 @@ def bcast_3d(x: Tensor["A", "B", "C"], u: Tensor["A", 1, "C"], s: Tensor["B", 1]
         (bu * x).sum(axis=(1, 2)),
         (bu * x).sum(axis=(0, 2)),
         (bu * bs * x).mean(axis=(0, 1, 2)),
+        y,
+        y.sum(axis=(1, 2)),
+        kiln.exp(y).prod(axis=1),
     )
 
 
@@ -133,6 +140,8 @@ def ints(x: Tensor["R", "C"], w: Tensor["R", 1], v: Tensor["C"]):
         kiln.broadcast_to(kiln.arange(5), x.shape).sum(axis=0),
         kiln.argmax(x, axis=-1),
         kiln.argmin(bw, axis=-1),
+        (bw * 1000).prod(axis=-1),
+        (bv * 1000).sum(axis=0) * 100000,
     )
 
 
