@@ -50,6 +50,38 @@ def test_dumpdb_prints_the_state_kiln_keeps_in_sqlite(project):
     assert "kernel.visa" in proc.stdout  # a file_dep of the lir task, with its stamp
 
 
+OVERFLOWING_CASTS = """\
+import kiln
+from kiln import Tensor, device
+
+
+@device
+def cast_oob(x: Tensor["N"]):
+    return (x * 1e10).astype("int32"), (x * 1e5).astype("float16"), kiln.log(x).astype("int32")
+
+
+@device
+def f16_overflow(x: Tensor["N"]):
+    return x * 70000.0, kiln.exp(x * 20.0)
+"""
+
+
+def test_overflowing_casts_pass_without_numpy_warnings(project):
+    """Casts that overflow are legal (f16 to inf, float to i32 wraps): no RuntimeWarning
+    from Kiln's own files in the user's output."""
+    (project / "kernels" / "casts.py").write_text(OVERFLOWING_CASTS)
+    text = (project / "pipeline.yaml").read_text()
+    rows = "  cast_oob: {shapes: {N: 64}}\n  f16_overflow: {dtype: f16, shapes: {N: 64}}\n"
+    (project / "pipeline.yaml").write_text(text.replace("kernels:\n", "kernels:\n" + rows, 1))
+    env = {"PYTHONWARNINGS": "always"}
+    built = run_kiln(project, "compile", "cast_oob", "f16_overflow", env=env, check=True)
+    tested = run_kiln(project, "test", "cast_oob", "f16_overflow", "--target", "sim", env=env)
+    out = built.stdout + built.stderr + tested.stdout + tested.stderr
+    assert tested.returncode == 0, out
+    assert "PASS    cast_oob.default @ sim" in tested.stdout
+    assert "Warning" not in out, out
+
+
 def test_parallel_compile(project):
     proc = run_kiln(project, "-n", "2", "compile", check=True)
     assert "failed" not in proc.stderr.lower()

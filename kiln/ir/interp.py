@@ -189,8 +189,9 @@ def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: dict, out: TensorType
             result = _BINARY[op](args[0], args[1])
     elif op == "where":
         result = np.where(args[0], args[1], args[2])
-    elif op == "cast":
-        result = np.asarray(inputs[0]).astype(NUMPY_DTYPES[out.dtype])
+    elif op == "cast":  # NumPy's C cast: out-of-range floats to i32 wrap, f16 overflows to inf
+        with np.errstate(over="ignore", invalid="ignore"):
+            result = np.asarray(inputs[0]).astype(NUMPY_DTYPES[out.dtype])
     elif op in _REDUCE:
         result = _REDUCE[op](
             args[0], axis=tuple(attrs["axes"]), keepdims=bool(attrs.get("keepdims"))

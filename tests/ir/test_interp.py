@@ -9,7 +9,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from kiln.ir.interp import NUMPY_DTYPES, kiln_dtype
+from kiln.ir.graph import TensorType
+from kiln.ir.interp import NUMPY_DTYPES, evaluate, kiln_dtype
 
 
 def test_every_name_maps_both_ways():
@@ -44,3 +45,16 @@ def test_f32_work_never_imports_ml_dtypes_and_bf16_still_works():
         """
     )
     subprocess.run([sys.executable, "-c", script], check=True)
+
+
+@pytest.mark.filterwarnings("error")  # numpy's cast warnings must not reach the user
+def test_out_of_range_casts_keep_numpys_result_without_a_warning():
+    big = np.array([1e10, -1e10, np.nan, np.inf, 2.5], np.float32)
+    with np.errstate(all="ignore"):
+        want_i32 = big.astype(np.int32)
+        want_f16 = big.astype(np.float16)
+    got = evaluate("cast", [big], {"dtype": "i32"}, TensorType((5,), "i32"))
+    np.testing.assert_array_equal(got, want_i32)
+    got = evaluate("cast", [big], {"dtype": "f16"}, TensorType((5,), "f16"))
+    np.testing.assert_array_equal(got, want_f16)
+    assert got[0] == np.inf and got[4] == np.float16(2.5)

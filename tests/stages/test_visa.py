@@ -144,6 +144,15 @@ def test_scalar_constants_are_immediates():
     assert sub.srcs[0] == visa.Imm(1.5, "f32")
 
 
+@pytest.mark.filterwarnings("error")  # numpy's overflow warning must not reach the user
+def test_a_constant_that_overflows_f16_is_an_inf_immediate_without_a_warning():
+    b = GraphBuilder("imm16")
+    x = b.arg("x", (4, 4), "f16")
+    graph = b.graph(b.mul(x, b.broadcast(b.const(70000.0, "f16"), shape=(4, 4))))
+    (mul,) = [i for i in lower(graph).instrs if i.op == "mul"]
+    assert mul.srcs[1] == visa.Imm(float("inf"), "f16")
+
+
 def test_conv2d_is_an_implicit_gemm_over_a_padded_copy():
     b = GraphBuilder("conv")
     x, w = b.arg("x", (1, 8, 8, 4)), b.arg("w", (3, 3, 4, 16))
