@@ -149,7 +149,7 @@ def _add_build_commands(sub) -> None:
     _package(c)
     _shapes(c)
     c.add_argument(
-        "-n", "--process", type=int, default=0, metavar="N", help="build with N parallel jobs"
+        "-n", "--process", type=int, default=None, metavar="N", help="build with N parallel jobs"
     )
     _build_flags(c)
     for kind in DUMP_FLAGS:
@@ -307,7 +307,7 @@ def _add_check_commands(sub) -> None:
         help="how candidates are proposed (all deterministic for a given --seed)",
     )
     _seed(u, "the random proposals")
-    u.add_argument("-n", "--process", type=int, default=0, metavar="N", help="parallel trials")
+    u.add_argument("-n", "--process", type=int, default=None, metavar="N", help="parallel trials")
     add_executor_flags(u)
     u.add_argument("--force", action="store_true", help="tune again even if a record is current")
     u.add_argument("--show", action="store_true", help="print the records instead of tuning")

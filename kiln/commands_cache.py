@@ -33,15 +33,41 @@ def add_executor_flags(parser) -> None:
 
 
 def apply_executor_flags(args) -> None:
-    """Hand --executor/--scheduler/-n to the task loader through the environment."""
-    if getattr(args, "scheduler", None) and not getattr(args, "executor", None):
+    """Hand --executor/--scheduler/-n to the task loader through the environment.
+
+    A --scheduler implies dask; an empty one, or one with --executor local,
+    is an error. The values themselves are checked where the loader reads
+    them (kiln/tasks/executor.py), naming the flag.
+    """
+    from kiln.tasks.executor import note_flag
+
+    scheduler = getattr(args, "scheduler", None)
+    if scheduler is not None:
+        if not scheduler.strip():
+            raise KilnError(
+                "--scheduler is empty",
+                expected="a Dask scheduler address, tcp://HOST:PORT",
+                found=repr(scheduler),
+                hint="drop --scheduler for a local cluster (--executor dask)",
+            )
+        if getattr(args, "executor", None) == "local":
+            raise KilnError(
+                "--scheduler names a Dask scheduler, but --executor local runs the stages here",
+                expected="--scheduler with --executor dask (or without --executor)",
+                found=f"--executor local --scheduler {scheduler}",
+                hint="drop one of the two flags",
+            )
         args.executor = "dask"
     if getattr(args, "executor", None):
-        os.environ["KILN_EXECUTOR"] = args.executor
-    if getattr(args, "scheduler", None):
-        os.environ["KILN_SCHEDULER"] = args.scheduler
-    if getattr(args, "process", 0):
-        os.environ["KILN_JOBS"] = str(args.process)
+        note_flag("KILN_EXECUTOR", "--executor", args.executor)
+    if scheduler is not None:
+        note_flag("KILN_SCHEDULER", "--scheduler", scheduler)
+    if not hasattr(args, "process"):  # a command without -n
+        return
+    if args.process is None:  # -n not given
+        args.process = 0
+    else:  # checked only where a Dask executor plans with it: -n 0 is fine locally
+        note_flag("KILN_JOBS", "-n", str(args.process))
 
 
 def parse_size(text: str) -> int:
