@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 
 from kiln.errors import KilnError
+from kiln.outpaths import check_output, writing
 
 
 def _project():
@@ -45,6 +47,11 @@ def cmd_compile(args) -> int:
         for k in ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
     }
     dumps = {k: v for k, v in dumps.items() if v is not None}
+    outputs = [(f"--dump-{k}", path, k == "summary") for k, path in dumps.items()]
+    if getattr(args, "profile", None):
+        outputs.append(("--profile", args.profile, False))
+    for option, path, directory in outputs:  # before the build: it may take a while
+        check_output(option, path, directory=directory)
     if dumps:
         from kiln.tasks.selection import Selection, first_shape_set
 
@@ -55,11 +62,13 @@ def cmd_compile(args) -> int:
         if getattr(args, "profile", None):
             from kiln.report.commands import write_profile
 
-            write_profile(project, args.profile)
+            with writing("--profile", args.profile):
+                write_profile(project, args.profile)
         if rc != 0:
             return rc
         for kind, path in dumps.items():
-            write_dump(project, instances[0], kind, path)
+            with writing(f"--dump-{kind}", path, directory=kind == "summary"):
+                write_dump(project, instances[0], kind, path)
             print(f"kiln: wrote {kind} dump of {instances[0].name} to {path}")
     return 0
 
@@ -116,14 +125,16 @@ def cmd_inspect(args) -> int:
 def cmd_test(args) -> int:
     from kiln.tasks.testing import run_tests
 
+    junit = getattr(args, "junit", None)
+    if junit is not None:
+        check_output("--junit", junit)
     project = _project()
     chosen = _select(project, args, "test", apps=True)
-    if chosen.app is not None:
-        from kiln.tasks.apps import test_app
+    with _locked(project), writing("--junit", junit) if junit is not None else nullcontext():
+        if chosen.app is not None:
+            from kiln.tasks.apps import test_app
 
-        with _locked(project):
-            return test_app(project, chosen.app, args.target, args.junit)
-    with _locked(project):
+            return test_app(project, chosen.app, args.target, junit)
         return run_tests(project, chosen.instances, args)
 
 

@@ -190,13 +190,20 @@ def environment_error(exc: OSError, doing: str | None = None) -> EnvironmentProb
     """One message for an OSError: what failed, on which path, and what to do."""
     import errno
 
+    from kiln.fsutil import temp_target
+
     code = errno.errorcode.get(exc.errno or 0, "")
     reason = exc.strerror or type(exc).__name__
-    path = exc.filename
+    path, other = exc.filename, exc.filename2
+    target = temp_target(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else None
+    if target is not None:  # an atomic write's temp file: name the file being written
+        path = target
+        if other is not None and os.fspath(other) == target:
+            other = None  # the rename onto it
     what = doing or ("cannot use " + (relative_path(path) if path else "a file"))
     message = f"{what}: {reason}"
-    if exc.filename2:
-        message += f" (and {relative_path(exc.filename2)})"
+    if other:
+        message += f" (and {relative_path(other)})"
     return EnvironmentProblem(
         message,
         Location(str(path)) if path else None,

@@ -62,6 +62,23 @@ def temp_path(target: str) -> str:
     return os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
+def temp_target(path: str) -> str | None:
+    """The file a :func:`temp_path` name is written for (None for any other name).
+
+    An OSError from :func:`write_bytes_atomic` names the temp file; a message
+    should name the user's file instead.
+    """
+    head, name = os.path.split(path)
+    parts = name.split(".")
+    # "", name parts..., pid, 8 hex digits, "tmp"
+    if len(parts) < 5 or parts[0] or parts[-1] != "tmp" or not parts[-3].isdigit():
+        return None
+    token = parts[-2]
+    if len(token) != 8 or any(c not in "0123456789abcdef" for c in token):
+        return None
+    return os.path.join(head, ".".join(parts[1:-3]))
+
+
 def holds(path: str, data: bytes) -> bool:
     """Whether the file at ``path`` holds exactly ``data`` (False when unreadable)."""
     try:

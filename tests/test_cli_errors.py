@@ -480,6 +480,35 @@ def test_kernel_calling_sys_exit_in_the_oracle_is_an_error(proj):
     assert f"| {text}" in out, out
 
 
+# -- files the command line asks for -------------------------------------------------------
+
+# fmt: off
+OUTPUT_CASES = [
+    (("compile", "vector_add", "--dump-schedule", "adir"), "--dump-schedule: adir is a directory"),
+    (("compile", "vector_add", "--dump-summary", "pipeline.yaml"),
+     "--dump-summary: pipeline.yaml is a file, not a directory"),
+    (("compile", "vector_add", "--dump-visa", "pipeline.yaml/v.visa"),
+     "--dump-visa: pipeline.yaml (above pipeline.yaml/v.visa) is a file, not a directory"),
+    (("test", "vector_add", "--target", "cpu", "--junit", "/proc/x.xml"),
+     "--junit: cannot write /proc/x.xml: No such file or directory"),
+    (("view", "-o", "/proc/x.html"), "-o/--output: cannot write /proc/x.html"),
+    (("view", "-o", ""), "argument -o/--output: an empty path"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("argv, says", OUTPUT_CASES, ids=[" ".join(c[0]) for c in OUTPUT_CASES])
+def test_an_unwritable_output_names_the_option_and_the_users_path(proj, built, argv, says):
+    """Said before any work, and never as Kiln's temp file (.NAME.PID.HEX.tmp)."""
+    (proj / "adir").mkdir()
+    proc = run_kiln(proj, *argv)
+    out = assert_clean_failure(proc, 2)
+    assert says in out, out
+    assert ".tmp" not in out and "PASS" not in out and "wrote" not in out, out
+    assert (proj / "pipeline.yaml").is_file() and not list((proj / "adir").iterdir())
+    assert_nothing_lost(proj, built)
+
+
 def test_there_are_at_least_10_broken_kernels():
     assert len(BROKEN_CASES) >= 10
 

@@ -74,3 +74,12 @@ def test_os_errors_say_what_to_do():
     assert environment_error(OSError(errno.EEXIST, "File exists", ".kiln")).hint.startswith(
         "a file is in the way"
     )
+
+
+def test_an_os_error_on_a_temp_file_names_the_file_being_written():
+    tmp = "/proc/.x.xml.4242.1dea6dd6.tmp"
+    text = environment_error(OSError(errno.ENOENT, "No such file or directory", tmp)).render()
+    assert text.startswith("/proc/x.xml: error: cannot use /proc/x.xml: No such file")
+    renamed = OSError(errno.EISDIR, "Is a directory", "out/.s.json.42.0a0b0c0d.tmp", "out/s.json")
+    text = environment_error(renamed).render()
+    assert "cannot use out/s.json: Is a directory" in text and ".tmp" not in text

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kiln.fsutil import remove_stale_tmp, write_bytes_atomic
+from kiln.fsutil import remove_stale_tmp, temp_path, temp_target, write_bytes_atomic
 
 
 def test_a_write_makes_missing_directories(tmp_path):
@@ -31,6 +31,25 @@ def test_a_file_where_the_directory_belongs_is_an_error_and_writes_nothing(tmp_p
     with pytest.raises(OSError):
         write_bytes_atomic(tmp_path / "out" / "kernel.lir", b"x")
     assert (tmp_path / "out").read_bytes() == b"not a directory"
+
+
+@pytest.mark.parametrize("target", ["d/schedule.json", "/proc/x.xml", "a.b.c", "noext", ".hid"])
+def test_a_temp_name_leads_back_to_the_file_it_is_written_for(target):
+    assert temp_target(temp_path(target)) == target
+
+
+@pytest.mark.parametrize(
+    "name", ["x.tmp", ".x.12.tmp", ".x.12.zzzzzzzz.tmp", "kernel.edf", ".x.ab.12345678.tmp"]
+)
+def test_other_names_are_not_temp_names(name):
+    assert temp_target(name) is None
+
+
+def test_a_failed_write_names_the_temp_file_that_leads_to_the_target(tmp_path):
+    (tmp_path / "schedule.json").mkdir()
+    with pytest.raises(OSError) as info:
+        write_bytes_atomic(tmp_path / "schedule.json", b"{}")
+    assert temp_target(info.value.filename) == str(tmp_path / "schedule.json")
 
 
 def test_stale_temp_files_of_a_killed_writer_are_removed(tmp_path):

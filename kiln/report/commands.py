@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from kiln.errors import KilnError
+from kiln.outpaths import check_output, output_path, writing
 
 
 def add_parsers(sub) -> None:
@@ -15,7 +17,7 @@ def add_parsers(sub) -> None:
     v.add_argument("filters", nargs="*", metavar="FILTER", help="only these kernels (default all)")
     v.add_argument("--shapes", metavar="NAME", help="only this shape set")
     v.add_argument(
-        "-o", "--output", type=Path, metavar="FILE", help="default <out_dir>/report.html"
+        "-o", "--output", type=output_path, metavar="FILE", help="default <out_dir>/report.html"
     )
     v.add_argument("--open", action="store_true", help="open the report in a web browser")
     v.add_argument(
@@ -56,6 +58,8 @@ def cmd_view(args: argparse.Namespace) -> int:
     from kiln.report.page import write_report
     from kiln.tasks.project import Project
 
+    if args.output is not None:
+        check_output("-o/--output", args.output)
     project = Project.find()
     instances = selection(project, args.filters, args.shapes, "view")
     out = args.output or Path(project.out_dir) / "report.html"
@@ -71,7 +75,8 @@ def cmd_view(args: argparse.Namespace) -> int:
             )
         diff = compare(Path(project.out_dir), args.compare, _selected_names(args, instances))
         sys.stdout.write(format_compare(diff))
-    size = write_report(project, instances, out, diff)
+    with writing("-o/--output", out) if args.output is not None else nullcontext():
+        size = write_report(project, instances, out, diff)
     print(f"kiln: wrote {out} ({len(instances)} kernel instances, {size // 1024} KiB)")
     if args.open:
         import webbrowser
