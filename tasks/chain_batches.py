@@ -13,6 +13,13 @@ seconds after its first chain arrived (a hungry worker gets what there
 is); otherwise only once it is full, or when a batch comes back. Sending
 on a timer alone settled into batches of one or two chains: doit hands
 out new chains as earlier ones return, a few at a time.
+
+A watchdog thread asks the scheduler for its worker count once a second.
+A cluster that has had no worker for ``LOST_AFTER`` seconds while chains
+wait (none ever joined, or the last one died), or a client that has not
+been connected for as long, is given up: every waiting chain, and every
+later one, gets ``ClusterLost`` and is built locally. A worker that is
+merely slow keeps its chains: only an empty or unreachable cluster counts.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ LINGER = 0.004  # seconds the first chain of a partial batch waits for company
 AHEAD_PER_WORKER = 1  # batches on the cluster per worker before a partial one waits to fill
 # (2 measured slower: with doit's 32 threads, more out meant fewer chains left to fill the next)
 WORKERS_REFRESH = 1.0  # seconds between asking the scheduler how many workers it has
+LOST_AFTER = 10.0  # seconds with no worker (or no scheduler) while chains wait: give up
 
 _batchers: dict[int, ChainBatcher] = {}
 _batchers_lock = threading.Lock()
@@ -40,8 +48,11 @@ class ChainBatcher:
         batch_size: int = BATCH_SIZE,
         linger: float = LINGER,
         ahead: int | None = None,
+        lost_after: float = LOST_AFTER,
     ):
         self.client = client
+        self.lost_after = lost_after
+        self.lost: ClusterLost | None = None  # why the cluster was given up
         self.batch_size = batch_size
         self.linger = linger
         self.ahead = ahead  # None: AHEAD_PER_WORKER per worker the scheduler knows
@@ -49,34 +60,76 @@ class ChainBatcher:
         self._first_at = 0.0  # when the oldest chain of ``_open`` arrived
         self._sent: set[Future] = set()  # slots of batches on the cluster, not back yet
         self._batches_out = 0
-        self._workers = 1  # the cluster's, as last asked (by the sender thread only)
-        self._workers_at = float("-inf")
+        self._workers = 1  # the cluster's, as the watchdog last asked
         self._closed = False
         self._cond = threading.Condition()
+        self._stopped = threading.Event()  # set by close(): the watchdog stops
         threading.Thread(target=self._send_loop, name="kiln-dask-batches", daemon=True).start()
+        threading.Thread(target=self._watch_loop, name="kiln-dask-watch", daemon=True).start()
 
     def run(self, payload: dict) -> dict:
         """This chain's result (``run_chain``'s), once its batch is back; raises its error."""
         slot: Future = Future()
         with self._cond:
             if self._closed:
-                raise BatcherClosed("the Dask client of this build is closed")
+                raise self.lost or BatcherClosed("the Dask client of this build is closed")
             if not self._open:
                 self._first_at = time.monotonic()
             self._open.append((payload, slot))
             self._cond.notify()
         return slot.result()
 
-    def close(self) -> None:
-        """Stop sending; every action still waiting gets an error (and builds locally)."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Stop sending; every action still waiting gets ``error`` (default BatcherClosed)."""
         with self._cond:
             self._closed = True
+            if isinstance(error, ClusterLost) and self.lost is None:
+                self.lost = error
             waiting = [slot for _, slot in self._open] + list(self._sent)
             self._open.clear()
             self._sent.clear()
-            self._cond.notify()
-        error = BatcherClosed("the Dask client of this build was closed")
+            self._cond.notify_all()
+        self._stopped.set()
+        error = error or BatcherClosed("the Dask client of this build was closed")
         self._settle(waiting, [None] * len(waiting), error)
+
+    def _watch_loop(self) -> None:
+        """Once a second: count the workers; give the cluster up when it cannot build."""
+        empty_since = down_since = time.monotonic()
+        while True:
+            if self._stopped.wait(WORKERS_REFRESH):  # not the condition: its notify() is
+                return  # the sender's
+            with self._cond:
+                waiting = bool(self._open or self._sent)
+            now = time.monotonic()
+            status = getattr(self.client, "status", "running")
+            if status in ("closing", "closed"):
+                self.close(ClusterLost("the Dask client was closed"))
+                return
+            if status != "running":  # reconnecting to a scheduler that went away
+                if waiting and now - down_since >= self.lost_after:
+                    self.close(ClusterLost(f"no answer from it for {self.lost_after:.0f} s"))
+                    return
+                continue
+            down_since = now
+            workers = self._count_workers()
+            if workers is None:
+                continue
+            self._workers = max(workers, 1)
+            if workers or not waiting:
+                empty_since = now
+            elif now - empty_since >= self.lost_after:
+                self.close(ClusterLost(f"no workers for {self.lost_after:.0f} s", True))
+                return
+
+    def _count_workers(self) -> int | None:
+        """The scheduler's worker count; None when it did not answer."""
+        try:
+            info = self.client.scheduler_info(n_workers=0)  # totals only: a small answer
+        except Exception:  # no answer this time: the next second asks again
+            return None
+        count = info.get("n_workers")
+        return count if isinstance(count, int) else len(info.get("workers", {}))
 
     def _send_loop(self) -> None:
         while True:
@@ -113,15 +166,7 @@ class ChainBatcher:
         """How many batches may be out before a partial one waits to fill."""
         if self.ahead is not None:
             return self.ahead
-        now = time.monotonic()
-        if now - self._workers_at >= WORKERS_REFRESH:
-            # a synchronous client asks the scheduler: once a second, not once a batch
-            self._workers_at = now
-            try:
-                self._workers = max(len(self.client.scheduler_info().get("workers", {})), 1)
-            except Exception:  # no answer: keep the last count
-                pass
-        return AHEAD_PER_WORKER * self._workers
+        return AHEAD_PER_WORKER * self._workers  # the watchdog asks the scheduler
 
     def _submit(self, batch: list[tuple[dict, Future]]) -> None:
         from kiln.tasks.chain_worker import run_chains
@@ -143,6 +188,8 @@ class ChainBatcher:
                 if len(results) != len(slots):
                     raise RuntimeError(f"{len(results)} results for {len(slots)} chains")
             except BaseException as exc:  # handed to each waiting action
+                if not isinstance(exc, Exception):  # an action must get an Exception
+                    exc = ClusterLost(f"{type(exc).__name__}: {exc}")
                 self._settle(slots, [None] * len(slots), exc, batch_done=True)
             else:
                 self._settle(slots, results, None, batch_done=True)
@@ -176,6 +223,14 @@ class ChainBatcher:
 
 class BatcherClosed(RuntimeError):
     """The build's Dask client closed while a chain waited for its batch."""
+
+
+class ClusterLost(RuntimeError):
+    """The cluster cannot build: no workers, or no scheduler, for too long."""
+
+    def __init__(self, reason: str, no_workers: bool = False):
+        super().__init__(reason)
+        self.no_workers = no_workers
 
 
 def pack(payloads: list[dict]) -> dict:

@@ -66,6 +66,19 @@ def run_chains(batch: dict) -> list[dict]:
     return results
 
 
+def dask_setup(worker) -> None:
+    """Dask's preload hook, in the worker processes of a LocalCluster Kiln starts.
+
+    Ctrl-C reaches every process of the terminal's group: the build handles
+    it (cancels, closes the cluster, says `kiln: interrupted`) and a worker
+    must neither print a KeyboardInterrupt traceback nor die mid-task.
+    """
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def warm_up(modules: list[str]) -> None:
     """Import the stage modules (and numpy with them) before the first task needs them."""
     for name in modules:

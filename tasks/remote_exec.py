@@ -13,7 +13,9 @@ exactly the local diagnostic.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
+import logging
 import multiprocessing
 import os
 import threading
@@ -29,48 +31,144 @@ from kiln.fsutil import stat_identity
 STALE_WORKERS_HINT = (
     "install the same Kiln version on the workers (or restart them after an upgrade)"
 )
+CONNECT_TIMEOUT = 10  # seconds to reach a scheduler before the build gives it up
 _client_lock = threading.Lock()
 _clients: dict[tuple, object] = {}
-_failed: dict[tuple, KilnError] = {}
+_failed: dict[tuple, KilnError] = {}  # could not connect: the first action reports it
+_reported: set[tuple] = set()  # ... and the others build locally without a word
+_lost: set[tuple] = set()  # given up mid-build (one warning): the rest builds locally
+_warned: set[int] = set()  # ids of batch errors already warned about
+
+
+def _key(executor: dict) -> tuple:
+    return (executor.get("address"), executor.get("workers"))
 
 
 def dask_client(executor: dict):
+    """The build's Client; None: build here (doit's process runner, or the cluster is gone).
+
+    A scheduler that cannot be reached is one error, raised to the first
+    caller only (a fresh copy: each caller adds its own notes); every later
+    chain is built locally without a word.
+    """
+    key = _key(executor)
+    try:
+        return _connect(executor)
+    except KilnError as err:
+        with _client_lock:
+            if key in _reported:
+                return None
+            _reported.add(key)
+        raise dataclasses.replace(err, notes=[]) from None
+
+
+def _connect(executor: dict):
     """One Client per build: to ``address``, or to a LocalCluster Kiln starts and closes."""
-    key = (executor.get("address"), executor.get("workers"))
+    key = _key(executor)
     with _client_lock:
+        if key in _lost:
+            return None
         client = _clients.get(key)
         if client is not None:
             return client
-        if key in _failed:  # tried once this build (maybe by prestart): say so at once
+        if key in _failed:  # tried once this build (maybe by prestart)
             raise _failed[key]
-        try:
-            from distributed import Client, LocalCluster
-        except ImportError:
-            raise KilnError("the dask executor needs distributed", hint=DISTRIBUTED_HINT) from None
         address = executor.get("address")
         if not address and multiprocessing.parent_process() is not None:
             # inside a worker process of doit's process runner (`doit -n N`): one
             # LocalCluster per process would oversubscribe the machine; run locally
             return None
         try:
-            if address:
-                client = Client(address, timeout=10)
-            else:
-                cluster = LocalCluster(
-                    n_workers=max(int(executor.get("workers") or 1), 1),
-                    threads_per_worker=1,
-                    processes=True,
-                    dashboard_address=None,
-                )
-                client = Client(cluster)
-        except OSError as exc:
-            _failed[key] = KilnError(
-                f"cannot reach the Dask scheduler {address}: {exc}",
-                hint="start one with `dask scheduler`, or drop --scheduler for a local cluster",
+            from distributed import Client
+        except ImportError:
+            raise KilnError("the dask executor needs distributed", hint=DISTRIBUTED_HINT) from None
+        quiet_dask_logs()
+        try:
+            client = (
+                Client(address, timeout=CONNECT_TIMEOUT) if address else _local_client(executor)
             )
+        except Exception as exc:  # refused, timed out, a bad address: one message
+            _failed[key] = _connect_error(executor, exc)
             raise _failed[key] from None
         _clients[key] = client
         return client
+
+
+def _local_client(executor: dict):
+    """A LocalCluster of ``workers`` processes, quiet: no dashboard, no logs, no Ctrl-C."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=max(int(executor.get("workers") or 1), 1),
+        threads_per_worker=1,
+        processes=True,
+        # dashboard_address=None still starts the scheduler's HTTP server, on 8787
+        # ("Port 8787 is already in use" when taken): a free port on loopback instead
+        dashboard_address=None,
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+        silence_logs=logging.CRITICAL,
+        # the workers ignore SIGINT (kiln.tasks.chain_worker.dask_setup): Ctrl-C is the
+        # build's to handle; the workers are stopped when the cluster closes
+        preload=["kiln.tasks.chain_worker"],
+    )
+    return Client(cluster)
+
+
+def _connect_error(executor: dict, exc: Exception) -> KilnError:
+    address, source = executor.get("address"), executor.get("source") or "KILN_SCHEDULER"
+    reason = printable_reason(exc)
+    if not address:
+        return KilnError(
+            f"cannot start a Dask LocalCluster: {reason}",
+            hint="build without --executor dask (or executor.kind: dask) to build here",
+        )
+    drop = {"--scheduler": "drop --scheduler", "KILN_SCHEDULER": "unset KILN_SCHEDULER"}.get(
+        source, "remove executor.address from pipeline.yaml"
+    )
+    return KilnError(
+        f"cannot reach the Dask scheduler {address} (from {source}): {reason}",
+        hint=f"start one with `dask scheduler` and check {source}, or {drop} for a LocalCluster",
+    )
+
+
+def printable_reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def quiet_dask_logs() -> None:
+    """Dask's own log lines (reconnect errors, shutdown warnings) stay out of the build's
+    output: Kiln says what matters once, as a warning."""
+    # distributed's config gives some of its loggers levels of their own
+    names = [n for n in logging.root.manager.loggerDict if n.split(".")[0] in _NOISY]
+    for name in (*_NOISY, *names):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+_NOISY = ("distributed", "tornado")
+
+
+def give_up(executor: dict, client, reason: str, no_workers: bool = False) -> None:
+    """The cluster cannot build: one warning, and every later chain builds locally."""
+    key = _key(executor)
+    with _client_lock:
+        if key in _lost:
+            return
+        _lost.add(key)
+        if _clients.get(key) is client:
+            del _clients[key]
+    from kiln.tasks.chain_batches import ClusterLost, batcher_for
+
+    from kiln.cache.remote import warn
+
+    where = executor.get("address") or "LocalCluster"
+    if no_workers:
+        warn(f"the Dask scheduler {where} has had {reason}; building the rest locally")
+    else:
+        warn(f"lost the Dask scheduler {where} ({reason}); building the rest locally")
+    batcher_for(client).close(ClusterLost(reason, no_workers))
+    # closing a client whose scheduler is gone can take its whole timeout: not on this thread
+    threading.Thread(target=_close, args=(client,), name="kiln-dask-close", daemon=True).start()
 
 
 def prestart(executor: dict, stage_modules: list[str]) -> None:
@@ -82,7 +180,7 @@ def prestart(executor: dict, stage_modules: list[str]) -> None:
 
     def start():
         try:
-            client = dask_client(executor)
+            client = _connect(executor)
             if client is not None:
                 warm_workers(client, stage_modules)
         except Exception:  # the first action that needs the client reports it
@@ -108,15 +206,20 @@ def close_clients() -> None:
 
     close_batchers()
     with _client_lock:
-        for client in _clients.values():
-            cluster = getattr(client, "cluster", None)
-            try:
-                client.close()
-                if cluster is not None:
-                    cluster.close()
-            except Exception:
-                pass
+        clients = list(_clients.values())
         _clients.clear()
+    for client in clients:
+        _close(client)
+
+
+def _close(client) -> None:
+    cluster = getattr(client, "cluster", None)
+    try:
+        client.close(timeout=CONNECT_TIMEOUT)
+        if cluster is not None:
+            cluster.close(timeout=CONNECT_TIMEOUT)
+    except BaseException:  # closing is best effort: the build's result is already known
+        pass
 
 
 atexit.register(close_clients)
@@ -169,14 +272,20 @@ def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
     client = dask_client(spec["executor"])
     if client is None:
         return {}
-    from kiln.tasks.chain_batches import batcher_for
+    from kiln.tasks.chain_batches import BatcherClosed, ClusterLost, batcher_for
 
     try:
         result = batcher_for(client).run(payload)
-    except Exception as exc:  # workers lost past Dask's retries, a scheduler gone: build here
-        from kiln.cache.remote import warn
-
-        warn(f"Dask could not build {spec['instance']} ({type(exc).__name__}: {exc}); built here")
+    except ClusterLost as exc:  # no workers, or no scheduler, for too long
+        give_up(spec["executor"], client, str(exc), exc.no_workers)
+        return {}
+    except BatcherClosed:  # the build is ending (Ctrl-C): nothing more is built
+        raise
+    except Exception as exc:
+        if _connection_lost(client, exc):  # the scheduler went away
+            give_up(spec["executor"], client, "the connection to it was lost")
+            return {}
+        _warn_once(exc)  # workers lost past Dask's retries: this batch builds here
         return {}
     if "refused" in result:
         raise KilnError(
@@ -196,6 +305,26 @@ def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
         produced[key] = found
         input_digest = sha256(found["artifact"])
     return produced
+
+
+def _connection_lost(client, exc: Exception) -> bool:
+    """Whether ``exc`` means the client lost its scheduler (not a batch's own failure)."""
+    from concurrent.futures import CancelledError
+
+    if getattr(client, "status", "running") != "running":
+        return True
+    return isinstance(exc, CancelledError | OSError) or type(exc).__name__ == "ClosedClientError"
+
+
+def _warn_once(exc: Exception) -> None:
+    """One warning per failed batch: its chains all carry the same error object."""
+    with _client_lock:
+        if id(exc) in _warned:
+            return
+        _warned.add(id(exc))
+    from kiln.cache.remote import warn
+
+    warn(f"Dask could not build a batch of chains ({printable_reason(exc)}); building them here")
 
 
 _sources: dict[str, tuple[tuple[int, int, int], bytes]] = {}

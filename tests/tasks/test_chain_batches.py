@@ -7,8 +7,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from kiln.tasks import chain_worker
-from kiln.tasks.chain_batches import ChainBatcher, pack
+from kiln.tasks import chain_batches, chain_worker
+from kiln.tasks.chain_batches import ChainBatcher, ClusterLost, pack
 
 from tests.support.polling import wait_until
 
@@ -209,3 +209,54 @@ def test_a_returning_batch_lets_a_partial_one_go(monkeypatch):
         t.join(10)
     assert [len(b) for b in client.batches] == [1, 2]
     assert results["c"]["outputs"][0]["artifact"] == b"c|s"
+
+
+class CountedClient(GatedClient):
+    """A cluster whose scheduler reports ``workers`` workers and a client ``status``."""
+
+    def __init__(self, workers: int, status: str = "running"):
+        super().__init__()
+        self.workers = workers
+        self.status = status
+
+    def scheduler_info(self, n_workers=-1):
+        return {"n_workers": self.workers, "workers": {}}
+
+
+def _watched(monkeypatch, client) -> ChainBatcher:
+    monkeypatch.setattr(chain_worker, "run_chain", echo_chain)
+    monkeypatch.setattr(chain_batches, "WORKERS_REFRESH", 0.02)
+    return ChainBatcher(client, batch_size=1, linger=0.0, ahead=1, lost_after=0.3)
+
+
+def test_a_cluster_without_workers_is_given_up_and_later_chains_are_refused(monkeypatch):
+    client = CountedClient(workers=0)
+    batcher = _watched(monkeypatch, client)
+    started = time.monotonic()
+    with pytest.raises(ClusterLost, match="no workers") as info:
+        batcher.run({"name": "a", "sources": {"k.py": b"s"}})
+    assert info.value.no_workers and time.monotonic() - started < 5
+    with pytest.raises(ClusterLost):  # at once: no second wait
+        batcher.run({"name": "b", "sources": {"k.py": b"s"}})
+    client.gate.set()  # the batch still held on the "worker" ends; nobody waits for it
+
+
+def test_a_client_that_lost_its_scheduler_is_given_up(monkeypatch):
+    client = CountedClient(workers=1, status="connecting")
+    batcher = _watched(monkeypatch, client)
+    with pytest.raises(ClusterLost) as info:
+        batcher.run({"name": "a", "sources": {"k.py": b"s"}})
+    assert not info.value.no_workers
+    client.gate.set()
+
+
+def test_a_slow_worker_keeps_its_chain(monkeypatch):
+    client = CountedClient(workers=1)
+    batcher = _watched(monkeypatch, client)
+    results: dict = {}
+    thread = _start(batcher, "slow", results)
+    time.sleep(1.0)  # well past lost_after: a live worker is never cut off
+    assert batcher.lost is None and "slow" not in results
+    client.gate.set()
+    thread.join(10)
+    assert results["slow"]["outputs"][0]["artifact"] == b"slow|s"

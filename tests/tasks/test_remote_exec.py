@@ -1,0 +1,127 @@
+"""The build's Dask client: one message for a scheduler it cannot reach, one warning
+for a cluster it loses, and the rest of the build local (no real cluster here)."""
+
+from __future__ import annotations
+
+import pytest
+from kiln.tasks import chain_batches, remote_exec
+from kiln.tasks.chain_batches import ClusterLost
+
+from kiln.errors import KilnError
+
+distributed = pytest.importorskip("distributed", reason="the dask executor needs kiln[distributed]")
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """remote_exec's per-build state, empty, and undone after the test."""
+    for name, value in (
+        ("_clients", {}),
+        ("_failed", {}),
+        ("_reported", set()),
+        ("_lost", set()),
+        ("_warned", set()),
+    ):
+        monkeypatch.setattr(remote_exec, name, value)
+    monkeypatch.setattr(chain_batches, "_batchers", {})
+    return monkeypatch
+
+
+def refusing_client(calls: list):
+    def client(address, timeout):
+        calls.append(address)
+        raise OSError(f"Timed out trying to connect to {address} after {timeout} s")
+
+    return client
+
+
+@pytest.mark.parametrize(
+    "source, hint",
+    [
+        ("--scheduler", "drop --scheduler"),
+        ("KILN_SCHEDULER", "unset KILN_SCHEDULER"),
+        ("executor.address in pipeline.yaml", "remove executor.address from pipeline.yaml"),
+    ],
+)
+def test_an_unreachable_scheduler_is_one_error_then_the_rest_builds_here(fresh, source, hint):
+    calls: list = []
+    fresh.setattr(distributed, "Client", refusing_client(calls))
+    executor = {"kind": "dask", "address": "tcp://127.0.0.1:1", "workers": 2, "source": source}
+    with pytest.raises(KilnError) as info:
+        remote_exec.dask_client(executor)
+    err = info.value
+    assert "cannot reach the Dask scheduler tcp://127.0.0.1:1" in err.message
+    assert source in err.message and hint in err.hint
+    err.notes.append("while running stage 'trace' of a.small")  # as the action does
+    assert remote_exec.dask_client(executor) is None  # no second message: built here
+    assert remote_exec.dask_client(executor) is None
+    assert calls == ["tcp://127.0.0.1:1"]  # one attempt per build
+
+
+def test_the_stored_error_is_never_handed_out_itself(fresh):
+    """Each raise is a fresh copy: the notes an action adds stay its own."""
+    fresh.setattr(distributed, "Client", refusing_client([]))
+    executor = {"kind": "dask", "address": "tcp://127.0.0.1:1", "workers": 2, "source": "x"}
+    with pytest.raises(KilnError):
+        remote_exec._connect(executor)  # the prestart thread's attempt
+    with pytest.raises(KilnError) as info:
+        remote_exec.dask_client(executor)
+    info.value.notes.append("while running stage 'trace' of a.small")
+    stored = remote_exec._failed[remote_exec._key(executor)]
+    assert stored.notes == [] and stored is not info.value
+
+
+class FakeClient:
+    status = "running"
+
+    def __init__(self):
+        self.closed = False
+
+    def close(self, timeout=None):
+        self.closed = True
+
+
+def test_a_lost_cluster_is_one_warning_and_later_chains_go_local_at_once(fresh, capfd):
+    client = FakeClient()
+    executor = {"kind": "dask", "address": "tcp://h:8786", "workers": 2, "source": "--scheduler"}
+    remote_exec._clients[remote_exec._key(executor)] = client
+    assert remote_exec.dask_client(executor) is client
+    for _ in range(3):  # every waiting chain sees the loss: one warning
+        remote_exec.give_up(executor, client, "the connection to it was lost")
+    err = capfd.readouterr().err
+    assert err.count("kiln: warning:") == 1
+    assert "lost the Dask scheduler tcp://h:8786" in err and "building the rest locally" in err
+    assert remote_exec.dask_client(executor) is None
+    batcher = chain_batches.batcher_for(client)
+    with pytest.raises(ClusterLost):
+        batcher.run({"stages": []})
+
+
+def test_a_cluster_without_workers_says_so(fresh, capfd):
+    client = FakeClient()
+    executor = {"kind": "dask", "address": None, "workers": 2, "source": None}
+    remote_exec.give_up(executor, client, "no workers for 10 s", no_workers=True)
+    err = capfd.readouterr().err
+    assert "has had no workers for 10 s; building the rest locally" in err
+
+
+def test_a_failed_batch_is_one_warning_for_all_its_chains(fresh, capfd):
+    error = RuntimeError("KilledWorker: run_chains-1")
+    for _ in range(8):
+        remote_exec._warn_once(error)
+    assert capfd.readouterr().err.count("Dask could not build a batch") == 1
+
+
+@pytest.mark.parametrize(
+    "status, exc, lost",
+    [
+        ("running", RuntimeError("a kernel"), False),
+        ("connecting", RuntimeError("x"), True),
+        ("running", OSError("comm closed"), True),
+        ("running", distributed.client.FutureCancelledError("k", "lost"), True),
+    ],
+)
+def test_what_counts_as_a_lost_scheduler(status, exc, lost):
+    client = FakeClient()
+    client.status = status
+    assert remote_exec._connection_lost(client, exc) is lost
