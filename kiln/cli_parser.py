@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kiln.cli_help import COMMAND_EPILOG, SUMMARIES, USAGE, top_help
 from kiln.commands_cache import add_cache_parser, add_executor_flags
+from kiln.outpaths import output_path
 
 DUMP_FLAGS = ("dfg", "visa", "ir", "graph", "schedule", "summary", "mlir")
 
@@ -157,7 +158,7 @@ def _add_build_commands(sub) -> None:
         c.add_argument(
             f"--dump-{kind}",
             metavar=metavar,
-            type=Path,
+            type=output_path,
             help=f"write the {DUMP_HELP[kind]} (one kernel instance only)",
         )
     c.add_argument(
@@ -167,7 +168,9 @@ def _add_build_commands(sub) -> None:
         help="diagnostics as text (default) or one JSON object per line, for tools",
     )
     add_executor_flags(c)
-    c.add_argument("--profile", type=Path, metavar="FILE", help="write the build's Chrome trace")
+    c.add_argument(
+        "--profile", type=output_path, metavar="FILE", help="write the build's Chrome trace"
+    )
 
     s = _add(sub, "status", epilog="example:\n  kiln status gemm --all")
     _filters(s, "kernels or an app")
@@ -241,7 +244,9 @@ def _add_check_commands(sub) -> None:
         metavar="T",
         help="a target of pipeline.yaml (repeatable; default: every target)",
     )
-    t.add_argument("--junit", type=Path, metavar="FILE", help="also write a JUnit XML report")
+    t.add_argument(
+        "--junit", type=output_path, metavar="FILE", help="also write a JUnit XML report"
+    )
     _seed(t)
     _build_flags(t)
 
@@ -253,7 +258,7 @@ def _add_check_commands(sub) -> None:
     _shapes(r)
     _seed(r)
     r.add_argument(
-        "--save-outputs", type=Path, metavar="DIR", help="write each output as DIR/outN.npy"
+        "--save-outputs", type=output_path, metavar="DIR", help="write each output as DIR/outN.npy"
     )
     _build_flags(r, fail_fast=False)
 

@@ -493,6 +493,8 @@ OUTPUT_CASES = [
      "--junit: cannot write /proc/x.xml: No such file or directory"),
     (("view", "-o", "/proc/x.html"), "-o/--output: cannot write /proc/x.html"),
     (("view", "-o", ""), "argument -o/--output: an empty path"),
+    (("compile", "vector_add", "--dump-schedule", ""), "argument --dump-schedule: an empty path"),
+    (("test", "vector_add", "--junit="), "argument --junit: an empty path"),
 ]
 # fmt: on
 
