@@ -301,14 +301,21 @@ _COMBINE = {
 
 
 def _reduce(f: _Func, node: Node) -> str:
-    """One generic (two, see :func:`_first_axes`) looping over the reduced dims the input
-    varies along; the others are folded into the result (:func:`_finish`), since every
-    loop of a generic must be read by some operand."""
+    """Generics looping over the dims the reduced input varies along, and no others.
+
+    Every loop of a generic must be read by an operand, and IREE 3.13 crashes on
+    a multiply-and-sum with a kept loop that only its result reads: a reduced
+    dim the input does not vary along is folded into the result (:func:`_finish`),
+    a kept one is broadcast back after the loops.
+    """
     x = f.graph.node(node.inputs[0])
     axes, rank, dt = tuple(node.attr("axes")), x.type.rank, x.dtype
     acc = "f32" if dt in FLOATS else ("i64" if dt == "i32" and node.op == "mean" else ELEM[dt])
     kept = [i for i in range(rank) if i not in axes]
-    shape = [x.shape[i] for i in kept]
+    folded = [a for a in axes if a not in f.varying[x.id]]
+    spread = [k for k in kept if k not in f.varying[x.id]]  # the result is the same along these
+    own = [k for k in kept if k not in spread]
+    shape = [x.shape[i] for i in own]
     init = f.fill(_INIT[node.op, acc], acc, shape)
     combine = _COMBINE["sum" if node.op == "mean" else node.op][acc]
 
@@ -316,12 +323,9 @@ def _reduce(f: _Func, node: Node) -> str:
         leaves, emit = _fused(f, x.id, rank)
     else:
         leaves, emit = [_leaf(f, x.id, rank)], lambda b, args: args[0]
-    folded = [a for a in axes if a not in f.varying[x.id]]
-    loops = [i for i in range(rank) if i not in folded]
-    leaves = [_without(f, leaf, folded) for leaf in leaves]
+    leaves = [_without(f, leaf, folded + spread) for leaf in leaves]
     looped = [a for a in axes if a not in folded]
-    first = _first_axes(leaves, looped)
-    mid = [i for i in loops if i not in first]  # the dims of the first generic's result
+    loops = [i for i in range(rank) if i not in folded + spread]
 
     def body_fn(b: Body, args: list[str], out: str) -> str:
         v = emit(b, args)
@@ -331,22 +335,31 @@ def _reduce(f: _Func, node: Node) -> str:
             v = b.op(f"arith.extsi {v} : i32 to i64")
         return b.op(f"{combine} {v}, {out} : {acc}")
 
-    mid_shape = [x.shape[i] for i in mid]
-    out = f.fill(_INIT[node.op, acc], acc, mid_shape) if mid != kept else init
+    first = _first_axes(leaves, looped)
+    mid = [i for i in loops if i not in first]  # the dims of the first generic's result
+    sizes = [x.shape[i] for i in mid]
+    out = init if mid == own else f.fill(_INIT[node.op, acc], acc, sizes)
     out_map = affine(len(loops), [f"d{loops.index(i)}" for i in mid])
     iters = ["reduction" if i in first else "parallel" for i in loops]
-    out = (out, ttype(mid_shape, acc), out_map)
-    value = f.generic(_operands(leaves, loops), out, iters, body_fn)
-    if mid != kept:
+    value = f.generic(_operands(leaves, loops), (out, ttype(sizes, acc), out_map), iters, body_fn)
+    if mid != own:  # the reduced dims the first generic kept
         value = f.generic(
-            [(value, ttype(mid_shape, acc), affine(len(mid), [f"d{i}" for i in range(len(mid))]))],
-            (init, ttype(shape, acc), affine(len(mid), [f"d{mid.index(i)}" for i in kept])),
+            [(value, ttype(sizes, acc), affine(len(mid), [f"d{i}" for i in range(len(mid))]))],
+            (init, ttype(shape, acc), affine(len(mid), [f"d{mid.index(i)}" for i in own])),
             ["reduction" if i in axes else "parallel" for i in mid],
             lambda b, args, out: b.op(f"{combine} {args[0]}, {out} : {acc}"),
         )
     count, repeats = (int(np.prod([x.shape[i] for i in dims])) for dims in (looped, folded))
     value = _finish(f, node.op, value, shape, acc, count, repeats)
     value = f.round_to(value, shape, dt)
+    if spread:
+        elem, full = ELEM[dt], [x.shape[i] for i in kept]
+        value = f.emit(
+            f"linalg.broadcast ins({value} : {ttype(shape, elem)}) outs("
+            f"{f.empty(full, elem)} : {ttype(full, elem)}) "
+            f"dimensions = [{', '.join(str(kept.index(k)) for k in spread)}]"
+        )
+        shape = full
     if node.attr("keepdims"):  # expanded on first use: a broadcast of it reads this directly
         f.squeezed[node.id] = (value, ttype(shape, ELEM[dt]), kept)
         return None

@@ -186,3 +186,9 @@ def test_operand_reading_part_of_several_reduced_loops_reduces_in_two_steps():
     assert 'iterator_types = ["reduction", "parallel"]' in text
     text = to_mlir(_bcast_graph("r_whole", (2, 1, 5), (2, 3, 5), "sum", (0,), with_x=True))
     assert text.count("linalg.generic") == 1  # a single reduced loop: one generic
+
+
+def test_kept_dim_no_operand_reads_is_broadcast_after_the_reduction():
+    text = to_mlir(_bcast_graph("r_spread", (1, 3, 1), (2, 3, 5), "sum", (1,)))
+    assert 'iterator_types = ["reduction"]' in text  # one loop: the dim w varies along
+    assert "linalg.broadcast" in text and "dimensions = [0, 1]" in text

@@ -73,8 +73,10 @@ def bcast_2d(x: Tensor["R", "C"], w: Tensor["R", 1], v: Tensor["C"]):
 
 
 @device
-def bcast_3d(x: Tensor["A", "B", "C"], u: Tensor["A", 1, "C"], s: Tensor["B", 1]):
-    bu, bs = kiln.broadcast_to(u, x.shape), kiln.broadcast_to(s, x.shape)
+def bcast_3d(
+    x: Tensor["A", "B", "C"], u: Tensor["A", 1, "C"], s: Tensor["B", 1], t: Tensor["B", "C"]
+):
+    bu, bs, bt = (kiln.broadcast_to(a, x.shape) for a in (u, s, t))
     k = kiln.broadcast_to(x.sum(axis=1, keepdims=True), x.shape)
     y = bu * 3.0  # used three times: a tensor of its own, reduced along its broadcast dim
     return (
@@ -96,6 +98,9 @@ def bcast_3d(x: Tensor["A", "B", "C"], u: Tensor["A", 1, "C"], s: Tensor["B", 1]
         y,
         y.sum(axis=(1, 2)),
         kiln.exp(y).prod(axis=1),
+        (bs * bt).sum(axis=1),  # a kept dim (A) no operand reads: reduced once, broadcast
+        (bs * bt).max(axis=(1, 2), keepdims=True) * x,
+        (bt * x).sum(axis=2),
     )
 
 
