@@ -321,6 +321,16 @@ def bk_exit(x: Tensor["N"]):
 @device
 def bk_keyword_only(x: Tensor["N"], *, y: Tensor["N"]):  # <- bk_keyword_only
     return x + y
+
+
+@device
+def bk_empty_slice(x: Tensor["N"]):
+    return x[100:200]  # <- bk_empty_slice
+
+
+@device
+def bk_floor_divide(a: Tensor["N"]):
+    return a // 2.0  # <- bk_floor_divide
 """
 
 BROKEN_IMPORT = """\
@@ -359,6 +369,9 @@ BROKEN_CASES = [
     ("bk_keyword_only", "broken.py", "bk_keyword_only",
      ["argument 'y' of kernel 'bk_keyword_only' is keyword-only",
       "kernel arguments must be positional"]),
+    ("bk_empty_slice", "broken.py", "bk_empty_slice",
+     ["slice 100:200 of axis 0 (size 4) is empty"]),
+    ("bk_floor_divide", "broken.py", "bk_floor_divide", ["`//` (floor_divide) is not a kiln op"]),
     ("bk_import", "broken_import.py", "bk_import",
      ["importing kernel module 'kernels.broken_import' failed", "kiln_no_such_module"]),
 ]

@@ -267,6 +267,18 @@ def invoke(kernel: DeviceFunction, args: tuple, kwargs: dict, *, wrap_errors: bo
 
 def outputs(kernel: DeviceFunction, result: Any) -> list[Tensor]:
     """A kernel returns a Tensor or a tuple/list of them."""
+    if inspect.isgenerator(result) or inspect.iscoroutine(result):
+        result.close()  # never started: no "was never awaited" warning either
+        kind = "a generator (it uses `yield`)" if inspect.isgenerator(result) else "async"
+        raise TraceError(
+            f"kernel {kernel.__name__!r} is {kind}: a kernel returns its tensors",
+            location=def_location(kernel.fn),
+            expected="a plain `def` that returns a Tensor or a tuple of Tensors",
+            found="a generator" if inspect.isgenerator(result) else "a coroutine",
+            hint="write `return x` instead of `yield x`"
+            if inspect.isgenerator(result)
+            else "write `def`, not `async def`",
+        )
     if result is None:
         raise TraceError(
             f"kernel {kernel.__name__!r} returned nothing",
@@ -277,10 +289,10 @@ def outputs(kernel: DeviceFunction, result: Any) -> list[Tensor]:
     for item in items:
         if not isinstance(item, Tensor):
             raise TraceError(
-                f"kernel {kernel.__name__!r} returned a {type(item).__name__}, not a Tensor",
+                f"kernel {kernel.__name__!r} returned {_a(type(item).__name__)}, not a Tensor",
                 location=return_location(kernel.fn),
                 expected="a Tensor or a tuple of Tensors",
-                found=repr(item) if len(repr(item)) < 60 else type(item).__name__,
+                found=_described(item),
             )
     if not items:
         raise TraceError(
@@ -288,3 +300,15 @@ def outputs(kernel: DeviceFunction, result: Any) -> list[Tensor]:
             location=return_location(kernel.fn),
         )
     return items
+
+
+def _described(value: Any) -> str:
+    """A short repr, without the memory address that differs on every run."""
+    text = repr(value)
+    if len(text) >= 60 or " at 0x" in text:
+        return _a(type(value).__name__)
+    return text
+
+
+def _a(name: str) -> str:
+    return f"{'an' if name[:1] in 'aeiou' else 'a'} {name}"

@@ -56,6 +56,27 @@ def unknown_name(owner: str, name: str, known) -> AttributeError:
     )
 
 
+# Python operators NumPy has and kiln does not: symbol -> (NumPy's name, how to write it)
+UNSUPPORTED_OPERATORS = {
+    "//": ("floor_divide", "kiln.floor(a / b)"),
+    "%": ("remainder", "a - kiln.floor(a / b) * b"),
+    "divmod": ("divmod", "kiln.floor(a / b) and a - kiln.floor(a / b) * b"),
+    "<<": ("left_shift", None),
+    ">>": ("right_shift", None),
+}
+
+
+def unsupported_operator(symbol: str) -> TraceError:
+    """The error for ``a // b`` and friends: the operator is not a kiln op (not a user bug)."""
+    name, spelled = UNSUPPORTED_OPERATORS[symbol]
+    shown = f"{symbol}()" if symbol.isalpha() else f"`{symbol}`"
+    return TraceError(
+        f"{shown} ({name}) is not a kiln op",
+        hint=f"write {spelled}" if spelled else None,
+        notes=[DOCS_NOTE],
+    )
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root + os.sep)
 

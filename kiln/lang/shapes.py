@@ -65,6 +65,13 @@ def getitem(x: Tensor, key: Any) -> Tensor:
         if isinstance(item, slice):
             start, stop, step = item.indices(dim)
             size = len(range(start, stop, step))
+            if size == 0:  # NumPy gives an empty array; a kernel's tensors are never empty
+                raise TraceError(
+                    f"slice {_slice_text(item)} of axis {axis} (size {dim}) is empty: "
+                    "kernels cannot produce empty tensors",
+                    expected=f"a slice that keeps at least one of the {dim} elements",
+                    found=f"{_slice_text(item)} -> range({start}, {stop}, {step}): no elements",
+                )
             if step < 0:  # read the same elements forwards, then flip them
                 start, flips = (start + (size - 1) * step if size else 0), [*flips, axis]
                 step = -step
@@ -90,6 +97,12 @@ def getitem(x: Tensor, key: Any) -> Tensor:
     for a in flips:
         out = flip(out, a)
     return F.reshape(out, tuple(out_shape))
+
+
+def _slice_text(item: slice) -> str:
+    """A slice as it is written: ``100:200``, ``::-1``."""
+    parts = ["" if v is None else str(v) for v in (item.start, item.stop, item.step)]
+    return ":".join(parts if item.step is not None else parts[:2])
 
 
 def flip(x: Any, axis: Any = None) -> Tensor:

@@ -22,7 +22,7 @@ from kiln.errors import TraceError
 from kiln.ir.graph import AttrValue, Node, TensorType, make_attrs
 from kiln.ir.interp import evaluate
 from kiln.ir.ops import OpTypeError, infer
-from kiln.lang.errors import DOCS_NOTE, UnsupportedAttributeError
+from kiln.lang.errors import DOCS_NOTE, UnsupportedAttributeError, unsupported_operator
 from kiln.lang.methods import NumpyMethods
 
 Dim = str | int
@@ -251,6 +251,24 @@ class Tensor(NumpyMethods):
 
     def __rmatmul__(self, other):
         return F.matmul(other, self)
+
+    def __floordiv__(self, other):
+        raise unsupported_operator("//")
+
+    def __mod__(self, other):
+        raise unsupported_operator("%")
+
+    def __divmod__(self, other):
+        raise unsupported_operator("divmod")
+
+    def __lshift__(self, other):
+        raise unsupported_operator("<<")
+
+    def __rshift__(self, other):
+        raise unsupported_operator(">>")
+
+    __rfloordiv__, __rmod__, __rdivmod__ = __floordiv__, __mod__, __divmod__
+    __rlshift__, __rrshift__ = __lshift__, __rshift__
 
     def __neg__(self):
         return F.negative(self)

@@ -151,6 +151,31 @@ def exits_when_eager(x: Tensor["N"]):
 @device
 def keyword_only(x: Tensor["N"], *, y: Tensor["N"]):  # <- keyword_only
     return x + y
+
+
+@device
+def empty_slice(x: Tensor["N"]):
+    return x[100:200]  # <- empty_slice
+
+
+@device
+def floor_divide(a: Tensor["N"], b: Tensor["N"]):
+    return a // b  # <- floor_divide
+
+
+@device
+def remainder(a: Tensor["N"]):
+    return 7.0 % a  # <- remainder
+
+
+@device
+def generator(x: Tensor["N"]):  # <- generator
+    yield x + 1.0
+
+
+@device
+def returns_object(x: Tensor["N"]):
+    return object()  # <- returns_object
 """
 
 SIZES = {"N": 4, "M": 5, "K": 3, "J": 2, "R": 4, "C": 6}
@@ -183,7 +208,7 @@ CASES = [
     ("unknown_method", "unknown_method", ["no attribute 'cumsum'"]),
     ("unbound_dim", "unbound_dim", ["dim 'Q'", "argument 'bias'", "not bound"]),
     ("wrong_arg_count", "wrong_arg_count", ["kernel 'pair' takes (a, b)", "missing"]),
-    ("returns_number", "returns_number", ["returned a int, not a Tensor"]),
+    ("returns_number", "returns_number", ["returned an int, not a Tensor"]),
     ("returns_nothing", "returns_nothing", ["returned nothing"]),
     ("user_exception", "user_exception", ["ZeroDivisionError"]),
     ("user_helper", "user_helper", ["ZeroDivisionError", "division by zero"]),
@@ -199,6 +224,15 @@ CASES = [
         "keyword_only",
         ["argument 'y' of kernel 'keyword_only' is keyword-only", "must be positional"],
     ),
+    (
+        "empty_slice",
+        "empty_slice",
+        ["slice 100:200 of axis 0 (size 4) is empty: kernels cannot produce empty tensors"],
+    ),
+    ("floor_divide", "floor_divide", ["`//` (floor_divide) is not a kiln op", "kiln.floor"]),
+    ("remainder", "remainder", ["`%` (remainder) is not a kiln op"]),
+    ("generator", "generator", ["kernel 'generator' is a generator", "found: a generator"]),
+    ("returns_object", "returns_object", ["returned an object", "found: an object"]),
 ]
 
 
@@ -225,6 +259,24 @@ def test_errors_never_point_into_kiln(broken):
         with pytest.raises(TraceError) as info:
             trace(getattr(module, kernel), SIZES, "f32")
         assert "/kiln/" not in info.value.location.file
+
+
+def test_messages_carry_no_memory_address_and_no_reshape(broken):
+    module, _ = broken
+    for kernel in ("generator", "returns_object", "empty_slice"):
+        with pytest.raises(TraceError) as info:
+            trace(getattr(module, kernel), SIZES, "f32")
+        text = info.value.render()
+        assert " at 0x" not in text and "reshape" not in text and "raised by" not in text, text
+
+
+def test_eager_empty_slice_and_floor_divide_say_the_same(broken):
+    module, _ = broken
+    x = np.ones(4, np.float32)
+    with pytest.raises(TraceError, match="slice 100:200 of axis 0 .* is empty"):
+        module.empty_slice(x)
+    with pytest.raises(TraceError, match="is not a kiln op"):
+        module.floor_divide(x, x)
 
 
 def test_user_exception_is_chained_for_debugging(broken):
