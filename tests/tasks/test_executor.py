@@ -167,3 +167,34 @@ def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_fi
         # a stage without decode (a user's own) still works: through a file and read
         plain = types.SimpleNamespace(read=stage.read)
         assert _take_input(plain, data, work, 1) == stage.read(out / name), module
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"executor": None, "scheduler": ""}, "--scheduler is empty"),
+        ({"executor": "local", "scheduler": "tcp://h:1"}, "--executor local"),
+    ],
+)
+def test_contradictory_or_empty_executor_flags_are_errors(clean_env, flags, message):
+    import argparse
+
+    from kiln.commands_cache import apply_executor_flags
+
+    with pytest.raises(KilnError) as info:
+        apply_executor_flags(argparse.Namespace(process=None, **flags))
+    assert message in info.value.message
+
+
+def test_n_zero_with_dask_is_rejected_naming_the_flag(clean_env):
+    pytest.importorskip("distributed")
+    import argparse
+
+    from kiln.commands_cache import apply_executor_flags
+
+    args = argparse.Namespace(executor="dask", scheduler=None, process=0)
+    apply_executor_flags(args)
+    assert error_of().message == "-n is not a worker count"
+    args = argparse.Namespace(executor=None, scheduler=None, process=None)
+    apply_executor_flags(args)  # -n not given: the default, and args.process is 0 again
+    assert args.process == 0
