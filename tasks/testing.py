@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,7 +54,7 @@ def check_instance(
 
     artifacts = kernel_artifacts(project, inst)
     graph = artifacts.graph
-    expected = inputs = None
+    expected = inputs = oracle_error = None
     kernel_tolerance = project.pipeline.kernel(inst.kernel).tolerance
     reports = []
     for target in targets:
@@ -69,10 +70,19 @@ def check_instance(
         if found is not None:
             reports.append({**found, **report})
             continue
-        if expected is None:  # the oracle runs once, for the first target not in the cache
+        if expected is None and oracle_error is None:
+            # the oracle runs once, for the first target not in the cache
             inputs = random_inputs(inst.name, [(a.shape, a.dtype) for a in graph.args], seed)
             oracle = CpuRunner()
-            expected = oracle.run(oracle.prepare(artifacts), inputs).outputs
+            try:
+                expected = oracle.run(oracle.prepare(artifacts), inputs).outputs
+            except KilnError as err:
+                oracle_error = err.render()
+            except Exception as exc:  # the kernel's own Python, run eagerly: its problem
+                oracle_error = oracle_failure(inst, exc).render()
+        if oracle_error is not None:  # nothing to compare against: each target errs
+            reports.append({**report, "status": "error", "message": oracle_error, "seconds": 0.0})
+            continue
         start = time.perf_counter()
         try:
             result = runner.run(runner.prepare(artifacts), inputs)
@@ -114,6 +124,28 @@ def check_instance(
             cache.store(report)
         reports.append(report)
     return reports
+
+
+def oracle_failure(inst: KernelInstance, exc: Exception) -> KilnError:
+    """The error of a kernel whose eager run on the host (the oracle) raised ``exc``.
+
+    Points at the deepest line of the kernel's own file in the traceback.
+    """
+    import traceback
+
+    from kiln.errors import Location
+
+    where = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if os.path.realpath(frame.filename) == os.path.realpath(inst.source.file):
+            where = Location(inst.source.file, frame.lineno, None, source=frame.line)
+    return KilnError(
+        f"kernel {inst.kernel!r} raised {type(exc).__name__} when run on the host (the oracle "
+        f"every target is checked against): {exc}",
+        location=where,
+        hint="the oracle runs the @device function as plain Python with numpy arrays: "
+        "fix the kernel so it runs there too",
+    )
 
 
 def format_report(r: dict) -> str:

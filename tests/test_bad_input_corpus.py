@@ -308,14 +308,15 @@ CASES = [
          "kernel package refuses to load", "kernels/__init__.py:1", isolated=True),
     # filesystem trouble
     Case("pipeline_missing", remove("pipeline.yaml"), "no pipeline file", None, located=False),
-    Case("pipeline_is_directory", pipeline_is_dir, "no pipeline file", None, located=False),
+    Case("pipeline_is_directory", pipeline_is_dir, "is a directory, not a pipeline file", None,
+         located=False),
     Case("pipeline_dangling_symlink", dangling_pipeline, "no pipeline file", None, located=False),
     Case("state_dir_is_file", file_in_place_of(".kiln"), ".kiln", ".kiln", located=False),
     Case("out_dir_is_file", file_in_place_of(BUILD), "is a file", "at key: out_dir"),
     Case("out_dir_parent_is_file", file_in_place_of("build"), "is a file", "at key: out_dir"),
     Case("kiln_out_dir_env_is_file", write("outfile", "x\n"), "is a file", "$KILN_OUT_DIR",
          env={"KILN_OUT_DIR": "outfile"}, located=False),
-    Case("kiln_pipeline_env_missing", lambda root: None, "no pipeline file", None,
+    Case("kiln_pipeline_env_missing", lambda root: None, "KILN_PIPELINE names no pipeline", None,
          env={"KILN_PIPELINE": "nowhere/pipeline.yaml"}, located=False),
 ]
 # fmt: on

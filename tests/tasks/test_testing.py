@@ -262,3 +262,33 @@ def test_a_target_tolerance_in_the_pipeline_is_honoured(project):
     set_kernel_tolerance(project, "vector_add", "{atol: 0.001}")
     tighter = run_kiln(project, "test", "vector_add", "--target", "sim")
     assert tighter.returncode == 1 and "(rtol 0, atol 0.001)" in tighter.stdout
+
+
+def test_a_kernel_that_fails_only_on_the_host_is_an_error_at_its_line(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("")
+    (tmp_path / "kernels" / "k.py").write_text(
+        "from kiln import Tensor, device\n\n\n"
+        "@device\n"
+        'def picky(x: Tensor["N"]):  # noqa: F821\n'
+        "    if not x.is_traced:\n"
+        '        raise ValueError("only traced")\n'
+        "    return x + 1.0\n\n\n"
+        "@device\n"
+        'def fine(x: Tensor["N"]):  # noqa: F821\n'
+        "    return x * 2.0\n"
+    )
+    (tmp_path / "pipeline.yaml").write_text(
+        "project: t\npackages: [kernels]\n"
+        "kernels:\n  picky: {shapes: {N: 8}}\n  fine: {shapes: {N: 8}}\n"
+        "targets:\n  sim: {runner: sim}\n"
+    )
+    proc = run_kiln(tmp_path, "test")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "ERROR   picky.default @ sim" in proc.stdout
+    assert "kernels/k.py:7: error: kernel 'picky' raised ValueError when run on the host" in (
+        proc.stdout
+    )
+    assert "PASS    fine.default @ sim" in proc.stdout
+    assert "kiln test: 1 pass, 0 fail, 1 error, 0 skipped" in proc.stdout
