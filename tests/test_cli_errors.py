@@ -485,9 +485,10 @@ def test_kernel_calling_sys_exit_in_the_oracle_is_an_error(proj):
     (proj / "kernels" / "eager_exit.py").write_text(EAGER_EXIT)
     edit(proj, ("kernels:\n", "kernels:\n  eager_exit: {shapes: {N: 4}}\n"))
     run_kiln(proj, "compile", "eager_exit", check=True)  # the trace does not exit
-    out = assert_clean_failure(run_kiln(proj, "test", "eager_exit", "--target", "sim"), 1)  # an ERROR of the target: nothing to compare with
+    # an ERROR of the target (exit 1): there is nothing to compare it with
+    out = assert_clean_failure(run_kiln(proj, "test", "eager_exit", "--target", "sim"), 1)
     line, text = marked(EAGER_EXIT, "eager_exit")
-    head = header(out)
+    head = header("\n".join(row.lstrip() for row in out.splitlines()))  # indented in the report
     assert head["file"].endswith("eager_exit.py") and int(head["line"]) == line, out
     assert "kernel 'eager_exit' called sys.exit('bye') while running on the host" in out
     assert f"| {text}" in out, out
