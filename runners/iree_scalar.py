@@ -41,7 +41,8 @@ def func_name(graph: Graph) -> str:
 
 def literal(value, dtype: str) -> str:
     """An MLIR literal for ``value`` rounded to ``dtype`` (exact, shortest form)."""
-    x = np.asarray(value).astype(NUMPY_DTYPES[dtype])
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf is the literal
+        x = np.asarray(value).astype(NUMPY_DTYPES[dtype])
     if dtype == "bool":
         return "true" if bool(x) else "false"
     if dtype == "i32":

@@ -17,6 +17,7 @@ import math
 import os
 from bisect import bisect_right
 from dataclasses import dataclass
+from fractions import Fraction
 
 from kiln.errors import StageError, VerifyError
 from kiln.fsutil import read_artifact, write_bytes_atomic
@@ -251,7 +252,9 @@ def _units(program: visa.Program, machine: dict) -> dict[str, int]:
 def _latency(ins: visa.Instr, kind: str, nbytes: int, elements: int, machine: dict) -> int:
     if kind == "dma":
         dma = machine["dma"]
-        return int(dma["latency"]) + math.ceil(nbytes / int(dma["bytes_per_cycle"]))
+        # exact for a fractional rate as written (0.5, 1.5): int() made 0.5 a division by 0
+        rate = Fraction(str(dma["bytes_per_cycle"]))
+        return int(dma["latency"]) + math.ceil(nbytes / rate)
     if kind == "tensor":
         tm, tn, tk = (int(d) for d in machine["tensor"]["tile"])
         (m, k), n = ins.srcs[0].shape, ins.dst.shape[1]

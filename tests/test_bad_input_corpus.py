@@ -269,6 +269,9 @@ CASES = [
           ("tuning", replace("project: e2e\n", "project: e2e\ntuning: yes\n")),
           ("tuning.file", replace("project: e2e\n", "project: e2e\ntuning: {file: 3}\n")),
       ]],
+    Case("sram_too_large_to_simulate",
+         replace("sram_bytes: 4194304", "sram_bytes: 4611686018427387904"),
+         "machines.npu-v1.sram_bytes", "at key: machines.npu-v1.sram_bytes"),
     # bad references
     Case("package_missing", replace("packages: [kernels]", "packages: [kernelz]"),
          "kernel package 'kernelz' was not found", "at key: packages[0]"),

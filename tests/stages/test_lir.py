@@ -498,6 +498,18 @@ def test_latencies_follow_the_machine_model():
     assert mma.latency == 32 * 2 * 2 * 2
 
 
+@pytest.mark.parametrize("rate", [0.5, 1.5, 0.1])
+def test_a_fractional_dma_rate_is_used_as_written(rate):
+    machine = {**MACHINES["npu-v1"], "dma": {"bytes_per_cycle": rate, "latency": 10}}
+    graph = traced("normalization", "softmax", {"R": 64, "C": 128})
+    program = visa_stage.run(graph, visa_stage.Options(), machine)
+    lowered = lir_stage.run(program, lir_stage.Options(), machine)
+    dma = [ins for ins in lowered.instrs if ins.unit.startswith("dma")]
+    assert dma
+    for ins in dma:  # 0.1 exactly as written: 4096 bytes take 40960 cycles, not 40961
+        assert ins.latency == 10 + math.ceil(ins.nbytes * 10 / round(rate * 10))
+
+
 def test_zero_units_of_a_needed_kind_is_an_error():
     machine = {**MACHINES["npu-v1"], "units": {"dma": 2, "tensor": 0, "vector": 2}}
     program = visa_stage.run(
