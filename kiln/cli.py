@@ -18,6 +18,7 @@ from kiln.brokenpipe import guard_stdout
 from kiln.cli_help import DOIT_COMMANDS, SUMMARIES
 from kiln.cli_parser import build_parser, subcommands
 from kiln.errors import Abort, KilnError, environment_error
+from kiln.interrupts import INTERRUPTED
 from kiln.logconfig import setup_logging
 
 # Kiln's own commands: "module:function" called with the parsed arguments
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
-        print("kiln: interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
 
 
