@@ -81,11 +81,29 @@ def plan_app(project: Project, name: str) -> AppPlan:
     paths = {r.kernel.path for r in reached}
     instances = [i for i in project.instances if i.source.path in paths]
     if app.shapes:  # only the app's own shape set, for kernels that declare it
+        _check_app_shapes(project, app, instances or project.instances)
         has_set = {i.kernel for i in instances if i.shape_set == app.shapes}
         instances = [i for i in instances if i.kernel not in has_set or i.shape_set == app.shapes]
     built = {i.source.path for i in instances}
     undeclared = [r for r in reached if r.kernel.path not in built]
     return AppPlan(app, file, reached, instances, undeclared)
+
+
+def _check_app_shapes(project: Project, app: AppSpec, instances: list[KernelInstance]) -> None:
+    """An app's ``shapes:`` names a shape set of a kernel it reaches (a typo built them all)."""
+    known = sorted({i.shape_set for i in instances})
+    if app.shapes in known:
+        return
+    close = difflib.get_close_matches(app.shapes, known, n=1)
+    raise KilnError(
+        f"app {app.name!r}: shapes {app.shapes!r} is not a shape set of any kernel it reaches",
+        location=project.pipeline.locate(f"apps.{app.name}.shapes", value=True),
+        expected="one of: " + (", ".join(known) or "(no shape sets)"),
+        found=app.shapes,
+        hint=f"did you mean {close[0]!r}?"
+        if close
+        else "name a set under `shapes:` of a kernel the app calls, or drop `shapes:`",
+    )
 
 
 def describe_plan(project: Project, plan: AppPlan) -> str:
@@ -180,25 +198,29 @@ def flatten_outputs(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def describe_output(name: str, value: Any) -> str:
+    """One summary line of an output: its dtype (Kiln's name, else numpy's), shape and stats."""
     import numpy as np
 
-    from kiln.inputs import describe
+    from kiln.ir.interp import kiln_dtype
 
+    label = "  out" if name == "out" else f"  out {name}"
     array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic, int, float)) else None
     if array is None or array.dtype.kind not in "biuf":
-        return f"  out {name}: {value!r}"[:200]
+        return f"{label}: {value!r}"[:200]
     try:
-        d = describe(array)
-    except KeyError:  # a dtype Kiln does not name (e.g. float64 from the app's own numpy)
-        d = describe(array.astype(np.float64))
-        d["dtype"] = str(array.dtype)
-    label = "  out" if name == "out" else f"  out {name}"
-    if d["min"] is None:
-        return f"{label}: {d['dtype']}{d['shape']}  (no finite values)"
+        dtype = kiln_dtype(array.dtype)
+    except KeyError:  # int64, float64, bool... from the app's own numpy: numpy's name
+        dtype = str(array.dtype)
+    wide = array.astype(np.float64)
+    finite = wide[np.isfinite(wide)]
+    shape = list(array.shape)
+    if not finite.size:
+        return f"{label}: {dtype}{shape}  (no finite values)"
+    nonfinite = wide.size - finite.size
     return (
-        f"{label}: {d['dtype']}{d['shape']}  min {d['min']:.6g}  max {d['max']:.6g}"
-        f"  mean {d['mean']:.6g}  std {d['std']:.6g}"
-        + (f"  non-finite {d['nonfinite']}" if d["nonfinite"] else "")
+        f"{label}: {dtype}{shape}  min {finite.min():.6g}  max {finite.max():.6g}"
+        f"  mean {finite.mean():.6g}  std {finite.std():.6g}"
+        + (f"  non-finite {nonfinite}" if nonfinite else "")
     )
 
 
@@ -272,18 +294,19 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
             "kiln test APP runs the app's tests with pytest, which is not installed",
             hint="pip install 'kiln[test]'",
         ) from None
+    asked = list(targets)
     targets = targets or default_targets(project)
     runners = {t: _check_target(project, t) for t in targets}
     print(describe_plan(project, plan), flush=True)
     if plan.instances:
         build(project, plan.instances)
     add_project_root(project.root)
-    results = {}
+    results, skipped = {}, {}
     for target, runner in runners.items():
         reason = runner.unavailable()
         if reason:
             print(f"SKIPPED app {name} @ {target}: {reason}", flush=True)
-            results[target] = "skipped"
+            results[target], skipped[target] = "skipped", reason
             continue
         dispatcher = Dispatcher(project, plan, target, runner)
         argv = ["-q", "-p", "no:cacheprovider", "--rootdir", str(project.root), *map(str, tests)]
@@ -301,7 +324,22 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
         if code == 0 and not dispatcher.stats:
             print(f"  note: the tests made no kernel call, so nothing ran on {target}")
     print(f"kiln test {name}: " + ", ".join(f"{t} {r}" for t, r in results.items()))
-    return 1 if any(r.startswith("fail") for r in results.values()) else 0
+    if any(r.startswith("fail") for r in results.values()):
+        return 1
+    return asked_for_and_unavailable(asked, skipped)
+
+
+def asked_for_and_unavailable(asked: list[str], skipped: dict[str, str]) -> int:
+    """2 when a target named with --target could not run the app's tests, as for kernels.
+
+    ``skipped`` maps each target that cannot run here to the reason; the
+    error is the kernel path's (``kiln test KERNEL --target T``), so a CI job
+    asking for a board never passes without testing on it.
+    """
+    from kiln.tasks.testing import _asked_for_and_unavailable
+
+    reports = [{"target": t, "status": "skipped", "reason": r} for t, r in skipped.items()]
+    return _asked_for_and_unavailable(asked, reports)
 
 
 def status_app(project: Project, name: str, show_all: bool = False) -> int:

@@ -240,3 +240,75 @@ def test_unknown_target_and_shapes_flag_are_clear_errors(apps_project):
     assert proc.returncode == 2 and "is an app" in proc.stderr
     proc = run_kiln(apps_project, "run", "nosuch")
     assert proc.returncode == 2 and "apps: attention, boom, ghost, mlp, nomain" in proc.stderr
+
+
+PLAIN_APP = """\
+import numpy as np
+
+
+def main():
+    return {"pred": np.arange(3), "mean": np.ones(2), "count": 42, "ok": np.bool_(True)}
+"""
+PLAIN_TEST = """\
+from apps.plain import main
+
+
+def test_main():
+    assert main()["count"] == 42
+"""
+
+
+@pytest.fixture
+def plain_project(tmp_path) -> Path:
+    """The example apps, plus `plain` (numpy outputs, no kernel) and a target that cannot run."""
+    root = make_project(tmp_path)
+    (root / "apps" / "plain.py").write_text(PLAIN_APP)
+    (root / "apps" / "tests" / "test_plain.py").write_text(PLAIN_TEST)
+    text = (root / "pipeline.yaml").read_text()
+    text = text.replace(
+        "  boom:\n",
+        "  plain:\n    module: apps.plain\n    tests: [apps/tests/test_plain.py]\n  boom:\n",
+    )
+    text = text.replace("targets:\n", "targets:\n  board: {runner: npu}\n")
+    (root / "pipeline.yaml").write_text(text)
+    return root
+
+
+def test_outputs_of_any_numpy_dtype_are_described_and_saved(plain_project):
+    proc = run_kiln(plain_project, "run", "plain", "--target", "cpu", "--save-outputs", "out")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "out pred: int64[3]  min 0  max 2  mean 1" in proc.stdout
+    assert "out mean: float64[2]  min 1  max 1" in proc.stdout
+    assert "out count: int64[]  min 42  max 42" in proc.stdout
+    assert "out ok: bool[]  min 1  max 1" in proc.stdout
+    saved = outputs(plain_project / "out")
+    assert saved["pred"].tolist() == [0, 1, 2] and saved["count"] == 42
+
+
+def test_an_app_tested_on_a_target_asked_for_that_cannot_run_fails(plain_project):
+    proc = run_kiln(plain_project, "test", "plain", "--target", "board")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "SKIPPED app plain @ board: no hardware runner plugin" in proc.stdout
+    assert "error: --target board was asked for, but it cannot run here" in proc.stderr
+    both = run_kiln(plain_project, "test", "plain", "--target", "cpu", "--target", "board")
+    assert both.returncode == 2 and "kiln test plain: cpu pass, board skipped" in both.stdout
+    from_file = run_kiln(plain_project, "test", "plain")  # pipeline.yaml's targets: skipped
+    assert from_file.returncode == 0, from_file.stdout + from_file.stderr
+    assert "board skipped" in from_file.stdout
+
+
+def test_app_shapes_that_no_reached_kernel_declares_is_an_error(plain_project):
+    text = (plain_project / "pipeline.yaml").read_text()
+    text = text.replace("    module: apps.mlp\n", "    module: apps.mlp\n    shapes: atention\n")
+    (plain_project / "pipeline.yaml").write_text(text)
+    line = text.splitlines().index("    shapes: atention") + 1
+    proc = run_kiln(plain_project, "run", "mlp", "--target", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        f"pipeline.yaml:{line}:13: error: app 'mlp': shapes 'atention' is not a shape set "
+        "of any kernel it reaches" in proc.stderr
+    )
+    assert "expected: one of: attention, default, mlp" in proc.stderr
+    assert "hint: did you mean 'attention'?" in proc.stderr
+    assert ran_tasks(proc) == []  # checked before building anything
