@@ -67,6 +67,23 @@ def instances_at_shape(project, instances: list, text: str) -> list:
     return chosen
 
 
+def check_timing_flags(iters: int, warmup: int, device: int) -> None:
+    """``--iter`` >= 1, ``--warmup`` and ``--device`` >= 0, before anything is built or timed."""
+    from kiln.errors import KilnError
+
+    for flag, value, least in (
+        ("--iter", iters, 1),
+        ("--warmup", warmup, 0),
+        ("--device", device, 0),
+    ):
+        if value < least:  # an empty timing table is not a result
+            raise KilnError(
+                f"{flag} must be at least {least}",
+                expected=f"{flag} N with N >= {least}",
+                found=str(value),
+            )
+
+
 def time_runner(runner, prepared, inputs, iters: int, warmup: int) -> list[float]:
     """Seconds per call; a runner with its own ``time`` (device-side timing) is preferred."""
     own = getattr(runner, "time", None)

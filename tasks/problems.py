@@ -168,7 +168,52 @@ def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
             hint="run it once per target",
         )
     args.target = targets[0]
+    from kiln.tasks.benching import check_timing_flags
+
+    check_timing_flags(args.iter, args.warmup, args.device)
+    _check_sizes(p, args)
     return name, args
+
+
+SIZE_FLAGS = ("B", "S", "D", "M", "N", "K", "C", "H", "W", "T", "R", "stride", "dilation", "groups")
+
+
+def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every size flag of the problem is at least 1 (0 made an empty tensor or a division by 0)."""
+    for dest in SIZE_FLAGS:
+        value = getattr(args, dest, None)
+        if value is not None and value < 1:
+            flag = f"-{dest}" if len(dest) == 1 else f"--{dest}"
+            raise KilnError(
+                f"{p.prog}: {flag} must be at least 1",
+                expected="a whole number >= 1",
+                found=str(value),
+            )
+    pad = getattr(args, "pad", "0")
+    if pad not in ("same", "valid") and not pad.strip().lstrip("+").isdigit():
+        raise KilnError(
+            f"{p.prog}: --pad: cannot read {pad!r}",
+            expected="a whole number >= 0, 'same' or 'valid'",
+            found=pad,
+        )
+
+
+def _check_bytes(name: str, graph) -> None:
+    """Refuse an argument or result too large to allocate, as `--shape` and pipeline.yaml do."""
+    from kiln.tasks.project import ITEMSIZE, MAX_ARGUMENT_BYTES
+
+    arrays = [("an argument", a.shape, a.dtype) for a in graph.args]
+    arrays += [("the result", n.shape, n.dtype) for n in graph.output_nodes]
+    for what, shape, dtype in arrays:
+        size = math.prod(shape) * ITEMSIZE.get(dtype, 4)
+        if size > MAX_ARGUMENT_BYTES:
+            raise KilnError(
+                f"kiln bench {PREFIX}{name}: {what} is too large: "
+                f"{size / 2**30:.1f} GiB ({'x'.join(map(str, shape))} {dtype})",
+                expected=f"at most {MAX_ARGUMENT_BYTES // 2**30} GiB per array",
+                found=f"{size:,} bytes",
+                hint="pick smaller sizes",
+            )
 
 
 def _runner(target: str, device: int):
@@ -214,6 +259,7 @@ def bench_problem(name: str, args: argparse.Namespace) -> list[dict]:
     problem = PROBLEMS[name](args)
     kernel = make_kernel(name, problem.body, problem.shapes)
     graph = trace(kernel, {}, problem.dtype)
+    _check_bytes(name, graph)
     inputs = random_inputs(name, [(a.shape, a.dtype) for a in graph.args])
     runner = _runner(args.target, args.device)
     row: dict = {"problem": problem.label, "target": args.target, "dtype": problem.dtype}

@@ -71,3 +71,39 @@ def test_a_problem_times_one_target_and_says_so_when_given_two():
         parse(["problem:gemm", "--target", "cpu", "--target", "iree-cpu"])
     text = info.value.render()
     assert "times one target at a time" in text and "--target cpu --target iree-cpu" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["problem:gemm", "-M", "0"], "kiln bench problem:gemm: -M must be at least 1"),
+        (["problem:gemm", "-K", "-5"], "kiln bench problem:gemm: -K must be at least 1"),
+        (["problem:softmax", "-N", "0"], "problem:softmax: -N must be at least 1"),
+        (["problem:attention", "-S", "0"], "problem:attention: -S must be at least 1"),
+        (["problem:conv", "--groups", "0"], "problem:conv: --groups must be at least 1"),
+        (["problem:conv", "--stride", "0"], "problem:conv: --stride must be at least 1"),
+        (["problem:conv", "--pad", "abc"], "problem:conv: --pad: cannot read 'abc'"),
+        (["problem:gemm", "--iter", "0"], "--iter must be at least 1"),
+        (["problem:gemm", "--warmup", "-1"], "--warmup must be at least 0"),
+        (["problem:gemm", "--device", "-1"], "--device must be at least 0"),
+    ],
+)
+def test_problem_flags_out_of_range_are_refused_before_timing(argv, message):
+    with pytest.raises(KilnError) as info:
+        parse(argv)
+    assert message in info.value.render()
+
+
+def test_cli_problem_sizes_zero_or_too_large_exit_2_without_a_traceback(tmp_path):
+    zero = run_kiln(tmp_path, "bench", "problem:conv", "-N", "0")
+    assert zero.returncode == 2 and "error: kiln bench problem:conv: -N must be at least 1" in (
+        zero.stderr
+    )
+    huge = run_kiln(tmp_path, "bench", "problem:gemm", "-M", "100000", "-N", "100000")
+    assert huge.returncode == 2
+    assert "problem:gemm: the result is too large: 37.3 GiB (100000x100000 f32)" in huge.stderr
+    assert "expected: at most 4 GiB per array" in huge.stderr
+    warm = run_kiln(tmp_path, "bench", "problem:gemm", "--warmup", "-1")
+    assert warm.returncode == 2 and "error: --warmup must be at least 0" in warm.stderr
+    for proc in (zero, huge, warm):
+        assert "Traceback" not in proc.stderr
