@@ -102,11 +102,8 @@ def ensure_sound_db(path: Path) -> None:
         st = os.stat(path)
     except OSError:
         return
-    try:
-        if _stamp_file(path).read_text() == _stamp(st):
-            return
-    except OSError:
-        pass
+    if _read_stamp(path) == _stamp(st).encode():
+        return
     problem = sqlite_problem(path)
     if problem is not None:
         quarantine(path, problem, "every task will run again")
@@ -122,6 +119,20 @@ def stamp_sound_dbs() -> None:
 
 def _stamp_file(path: Path) -> Path:
     return path.with_name(path.name + ".checked")
+
+
+def _read_stamp(path: Path) -> bytes | None:
+    """The stamp's bytes; None when there is none. Any bytes only mean "check again"."""
+    stamp = _stamp_file(path)
+    try:
+        return stamp.read_bytes()
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:  # in the way of every later stamp: move it aside once
+        quarantine(stamp, "a directory, not a file", "the database will be checked again")
+    except OSError:
+        pass
+    return None
 
 
 def _stamp(st: os.stat_result) -> str:

@@ -148,6 +148,11 @@ class Discovery:
         self._dirty = False
         self.modules: dict[str, ModuleInfo] = {}
         self._sources: dict[str, list[str]] = {}
+        if cache_file is not None and cache_file.exists() and not cache_file.is_file():
+            from kiln.statefiles import quarantine  # a directory in the way: only a cache
+
+            quarantine(cache_file, "a directory, not a file")
+            self._dirty = True
         if cache_file is not None and cache_file.is_file():
             try:
                 data = json.loads(cache_file.read_text())
@@ -225,10 +230,13 @@ class Discovery:
     def save(self) -> None:
         if not self._dirty or self.cache_file is None:
             return
-        self.cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_file.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"format": CACHE_FORMAT, "files": self._cache}, sort_keys=True))
-        os.replace(tmp, self.cache_file)
+        from kiln.fsutil import write_bytes_atomic
+
+        data = json.dumps({"format": CACHE_FORMAT, "files": self._cache}, sort_keys=True)
+        try:
+            write_bytes_atomic(self.cache_file, data.encode())
+        except OSError:  # only a cache: the next run scans again; the build says what is wrong
+            return
         self._dirty = False
 
 

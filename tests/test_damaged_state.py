@@ -198,6 +198,46 @@ def test_discovery_cache_of_the_wrong_shape_is_not_used(small, content):
     assert ran_tasks(proc) == []
 
 
+@pytest.mark.parametrize("entry", ["kiln status", "kiln compile", "doit list"])
+def test_undecodable_database_stamp_is_only_a_reason_to_check_again(small, entry):
+    stamp = small / ".kiln" / "doit.sqlite3.checked"
+    stamp.write_bytes(b"garbage{\x00\xff")
+    tool, command = entry.split()
+    proc = kiln(small, command) if tool == "kiln" else run_doit(small, command)
+    text = no_traceback(proc)
+    assert proc.returncode == 0, text
+    assert "warning" not in text  # the database itself is sound: nothing was lost
+    if command == "compile":
+        assert ran_tasks(proc) == []
+        assert stamp.read_bytes().isascii()  # stamped again after the check
+
+
+def test_directory_in_place_of_the_database_stamp_is_moved_aside(small):
+    stamp = small / ".kiln" / "doit.sqlite3.checked"
+    stamp.unlink()
+    stamp.mkdir()
+    proc = kiln(small, "compile", check=True)
+    text = no_traceback(proc)
+    assert text.count(".kiln/doit.sqlite3.checked is damaged (a directory, not a file)") == 1
+    assert ran_tasks(proc) == [] and stamp.is_file()
+    assert kiln(small, "compile", check=True).stderr == ""
+
+
+@pytest.mark.parametrize("entry", ["kiln status", "kiln compile", "doit list"])
+def test_directory_in_place_of_the_discovery_cache_is_moved_aside(small, entry):
+    cache = small / ".kiln" / "discovery.json"
+    cache.unlink()
+    (cache / "inner").mkdir(parents=True)
+    tool, command = entry.split()
+    proc = kiln(small, command) if tool == "kiln" else run_doit(small, command)
+    text = no_traceback(proc)
+    assert proc.returncode == 0, text
+    assert text.count(".kiln/discovery.json is damaged (a directory, not a file)") == 1, text
+    assert "tmp" not in text
+    assert cache.is_file() and list((small / ".kiln").glob("discovery.json.corrupt-*"))
+    assert "warning" not in kiln(small, "compile", check=True).stderr
+
+
 def test_stale_temp_files_of_a_killed_build_are_removed(small):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
                           capture_output=True).stdout.strip()  # fmt: skip
