@@ -72,10 +72,19 @@ def _inputs_unchanged(task, values, pipeline: str, names: list[str]) -> bool:
     return values.get("inputs") == inputs_digest(project, instances)
 
 
-def _write(pipeline: str, names: list[str], out: str) -> dict:
+def _write(pipeline: str, names: list[str], out: str):
+    """Write the report; a problem comes back as the diagnostic `kiln view` prints, no traceback."""
+    from kiln.tasks.actions import failure
+
+    from kiln.errors import KilnError, environment_error
     from kiln.report.page import write_report
 
-    project, instances = _load(pipeline, names)
-    digest = inputs_digest(project, instances)
-    write_report(project, instances, Path(out))
+    try:
+        project, instances = _load(pipeline, names)
+        digest = inputs_digest(project, instances)
+        write_report(project, instances, Path(out))
+    except KilnError as err:
+        return failure(err)
+    except OSError as exc:  # a directory where report.html goes, a full disk, permissions
+        return failure(environment_error(exc))
     return {"inputs": digest}

@@ -30,3 +30,18 @@ def test_report_task_reruns_only_when_an_input_changed(project):
     assert "sim: pass" in (project / REPORT).read_text()
     # running the report task alone keeps the last build's profile
     assert (project / ".kiln" / "profile.json").read_bytes() == profile
+
+
+def test_report_task_with_a_directory_where_the_report_goes_says_what_kiln_view_says(project):
+    (project / REPORT).mkdir(parents=True)
+    task = run_kiln(project, "report")
+    view = run_kiln(project, "view")
+    message = f"{REPORT}: error: cannot use {REPORT}: Is a directory"
+    hint = "hint: a directory is in the way where Kiln needs a file: move it away"
+    for proc in (task, view):
+        text = proc.stdout + proc.stderr
+        assert proc.returncode == 2, text
+        assert "Traceback" not in text and "PythonAction Error" not in text
+        assert message in text and hint in text
+    assert "FAILED report:html" in task.stdout + task.stderr
+    assert (project / REPORT).is_dir()  # the user's directory is left alone
