@@ -35,6 +35,8 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
 
     if args.budget < 1:
         raise KilnError("--budget must be at least 1", expected="N >= 1", found=str(args.budget))
+    if (args.process or 0) < 0:  # 0, as for a build: no worker processes
+        raise KilnError("-n must be at least 0", expected="N >= 0", found=str(args.process))
     if args.strategy not in STRATEGIES:
         raise KilnError(f"unknown strategy {args.strategy!r}", expected=", ".join(STRATEGIES))
     _check_stages(project)
@@ -47,17 +49,28 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
             graph, digest = _trace(project, inst)
             key = TuningKey(graph=digest, **keys.parts(inst))
             old = records.get(inst.name)
-            if old is not None and key.matches(old) and not args.force:
+            finished = old if old is not None and old.complete and key.matches(old) else None
+            if finished is not None and not args.force:
                 totals["current"] += 1
                 print(f"{inst.name}: record is current ({_describe(old)}); 0 trials")
                 continue
+            if old is not None and not old.complete and key.matches(old):
+                print(f"{inst.name}: the record is from an interrupted run; tuning again")
             record, interrupted = _tune_instance(project, inst, graph, key, args)
+            if interrupted and finished is not None:  # never trade a finished record for this
+                print(
+                    f"{inst.name}: interrupted after {record.trials} trials; the finished "
+                    f"record is kept ({_describe(finished)})",
+                    flush=True,
+                )
+                return 130
+            _warn_if_worse(inst.name, finished, record)
             records[inst.name] = record
             write_records(path, records)  # after every kernel: Ctrl-C keeps what was found
             totals["trials"] += record.trials
             totals["tuned"] += 1
-            note = " (interrupted: best so far)" if interrupted else ""
-            print(f"{inst.name}: {_describe(record)}{note}", flush=True)
+            note = " (interrupted: best so far, tuned again by the next `kiln tune`)"
+            print(f"{inst.name}: {_describe(record)}{note if interrupted else ''}", flush=True)
             if interrupted:
                 return 130
     except KeyboardInterrupt:
@@ -68,6 +81,18 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
         f"{totals['trials']} trials; records in {_shown(project, path)}"
     )
     return 0
+
+
+def _warn_if_worse(name: str, finished: TuningRecord | None, record: TuningRecord) -> None:
+    """`--force` with a smaller budget may find less: say what the replaced record had."""
+    if finished is not None and record.tuned_cycles > finished.tuned_cycles:
+        print(
+            f"kiln tune: warning: {name}: the new record ({record.tuned_cycles} cycles, "
+            f"budget {record.budget}) replaces a faster one ({finished.tuned_cycles} cycles, "
+            f"budget {finished.budget})",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _describe(record: TuningRecord) -> str:
@@ -162,6 +187,8 @@ def _tune_instance(project, inst, graph, key: TuningKey, args):
     finally:
         progress.close()
     default = search.default
+    if interrupted and default is None:  # nothing priced yet: nothing to keep
+        raise KeyboardInterrupt
     if default is None or default.makespan is None:
         reason = default.reason if default is not None else "interrupted before any trial"
         raise KilnError(f"{inst.name}: the default options do not compile: {reason}")
@@ -192,6 +219,7 @@ def _tune_instance(project, inst, graph, key: TuningKey, args):
         strategy=args.strategy,
         seed=args.seed,
         budget=args.budget,
+        complete=not interrupted,
     )
     return record, interrupted
 
@@ -302,8 +330,14 @@ def show_records(project: Project, instances: list[KernelInstance]) -> int:
     records = read_records(records_path(project))
     keys = TuningKeys(project)
     table = Table(title=f"tuning records ({_shown(project, records_path(project))})")
+    widest = max((len(inst.name) for inst in instances), default=8)
     for col in ("instance", "default", "tuned", "speed-up", "trials", "knobs", "record"):
-        table.add_column(col, justify="right" if col in ("default", "tuned", "trials") else "left")
+        table.add_column(
+            col,
+            justify="right" if col in ("default", "tuned", "trials") else "left",
+            no_wrap=col == "instance",  # never cut: two cut names cannot be told apart
+            min_width=widest if col == "instance" else None,
+        )
     for inst in instances:
         record = records.get(inst.name)
         if record is None:
@@ -321,7 +355,9 @@ def show_records(project: Project, instances: list[KernelInstance]) -> int:
             knobs or "(defaults)",
             record_state(project, inst, record, keys),
         )
-    Console(no_color=not sys.stdout.isatty()).print(table)
+    tty = sys.stdout.isatty()
+    # piped: as wide as the rows need, so a script or a log reads every name and knob whole
+    Console(no_color=not tty, width=None if tty else 100_000).print(table)
     return 0
 
 
@@ -334,7 +370,9 @@ def record_state(project, inst, record: TuningRecord, keys: TuningKeys) -> str:
         return "not built yet"
     key = TuningKey(graph=graph_digest(str(graph)), **keys.parts(inst))
     stale = key.stale_parts(record)
-    return "applied" if not stale else "stale: " + ", ".join(stale) + " changed"
+    if stale:
+        return "stale: " + ", ".join(stale) + " changed"
+    return "applied" if record.complete else "applied (interrupted: tuned again by kiln tune)"
 
 
 def stale_notes(project: Project, instances: list[KernelInstance]) -> list[str]:

@@ -60,6 +60,9 @@ class TuningRecord:
     strategy: str = ""
     seed: int = 0
     budget: int = 0
+    # False: Ctrl-C stopped the search; its verified best is applied, but it is never
+    # current for `kiln tune`, which searches again, and never replaces a finished record
+    complete: bool = True
 
     @property
     def speedup(self) -> float:
@@ -68,6 +71,8 @@ class TuningRecord:
     def to_line(self) -> str:
         data = asdict(self)
         data["speedup"] = round(self.speedup, 4)
+        if self.complete:  # finished records keep the bytes they always had
+            del data["complete"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 

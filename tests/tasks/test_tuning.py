@@ -67,6 +67,9 @@ def test_tune_compile_rerun_and_stale(project):
 def test_bad_tune_input_is_one_message(project):
     proc = run_kiln(project, "tune", "vector_add", "--budget", "0")
     assert proc.returncode == 2 and "--budget must be at least 1" in proc.stderr
+    proc = run_kiln(project, "tune", "vector_add", "-n", "-2")
+    assert proc.returncode == 2 and "error: -n must be at least 0" in proc.stderr
+    assert "found: -2" in proc.stderr and not (project / "tuning.jsonl").exists()
     (project / "tuning.jsonl").write_text('{"instance": 3\n')
     proc = run_kiln(project, "tune", "vector_add")
     assert proc.returncode == 2
@@ -113,3 +116,84 @@ def test_trials_priced_on_a_dask_cluster_give_the_same_record(project, tmp_path_
     priced = run_kiln(other, *args, "--executor", "dask", check=True)
     assert "40 trials" in priced.stdout
     assert (other / "tuning.jsonl").read_text() == (project / "tuning.jsonl").read_text()
+
+
+def interrupted_tune(project, monkeypatch, *flags: str) -> int:
+    """`kiln tune vector_add FLAGS`, in process, with Ctrl-C arriving after 3 trials."""
+    from kiln import cli
+    from kiln.tune.search import Search
+
+    priced = Search.run
+
+    def stopped(search):
+        search.budget = 3
+        priced(search)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Search, "run", stopped)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(project / ".cache"))
+    return cli.main(["tune", "vector_add", "--budget", "24", "--seed", "1", *flags])
+
+
+def test_an_interrupted_tune_never_replaces_a_finished_record(project, monkeypatch, capsys):
+    run_kiln(project, "tune", "vector_add", "--budget", "24", "--seed", "1", check=True)
+    finished = (project / "tuning.jsonl").read_bytes()
+    assert interrupted_tune(project, monkeypatch, "--force") == 130
+    out = capsys.readouterr().out
+    assert "vector_add.small: interrupted after 3 trials; the finished record is kept" in out
+    assert (project / "tuning.jsonl").read_bytes() == finished
+
+
+def test_an_interrupted_record_is_applied_but_tuned_again(project, monkeypatch, capsys):
+    assert interrupted_tune(project, monkeypatch) == 130
+    partial = records(project)["vector_add.small"]
+    assert partial["complete"] is False and partial["trials"] == 3
+    assert "interrupted: best so far, tuned again by the next `kiln tune`" in (
+        capsys.readouterr().out
+    )
+    monkeypatch.undo()
+    run_kiln(project, "compile", "vector_add", check=True)
+    show = run_kiln(project, "tune", "--show", "vector_add", check=True)
+    assert "applied (interrupted: tuned again by kiln tune)" in show.stdout  # piped: whole
+    again = run_kiln(project, "tune", "vector_add", "--budget", "24", "--seed", "1", check=True)
+    assert "the record is from an interrupted run; tuning again" in again.stdout
+    assert "kiln tune: 1 tuned, 0 current, 24 trials" in again.stdout
+    done = records(project)["vector_add.small"]
+    assert "complete" not in done and done["trials"] == 24
+    current = run_kiln(project, "tune", "vector_add", "--budget", "24", "--seed", "1")
+    assert "0 tuned, 1 current, 0 trials" in current.stdout
+
+
+def test_a_forced_tune_that_finds_less_says_what_it_replaced(project):
+    run_kiln(project, "tune", "vector_add", "--budget", "4", "--seed", "1", check=True)
+    line = json.loads((project / "tuning.jsonl").read_text())
+    line.update(tuned_cycles=1, budget=500)  # as if a long search had found more
+    (project / "tuning.jsonl").write_text(json.dumps(line) + "\n")
+    again = run_kiln(project, "tune", "vector_add", "--budget", "1", "--force", check=True)
+    assert "warning: vector_add.small: the new record (" in again.stderr
+    assert "budget 1) replaces a faster one (1 cycles, budget 500)" in again.stderr
+
+
+def test_show_piped_never_cuts_instance_names_or_knobs(project):
+    from kiln.tune.records import TuningRecord, write_records
+
+    knobs = {
+        "lir": {"double_buffer": True},
+        "schedule": {"policy": "in-order"},
+        "visa": {"fusion": False, "reduce_split": 4, "vector_tile": 65536},
+    }
+    key = dict(graph="g", shape_set="small", dtype="f32", machine="m", options="o", compiler="c")
+    names = ["vector_add.small", "softmax.small", "gemm.small", "gemm.wide"]
+    write_records(
+        project / "tuning.jsonl",
+        {n: TuningRecord(instance=n, knobs=knobs, **key) for n in names},
+    )
+    show = run_kiln(project, "tune", "--show", check=True)
+    assert "…" not in show.stdout
+    for name in names:
+        assert f"│ {name} " in show.stdout
+    assert (
+        "lir.double_buffer=True schedule.policy=in-order visa.fusion=False "
+        "visa.reduce_split=4 visa.vector_tile=65536" in show.stdout
+    )
