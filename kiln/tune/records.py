@@ -90,19 +90,12 @@ def read_records(path: str | os.PathLike) -> dict[str, TuningRecord]:
             hint="restore the file from version control, or delete it and run `kiln tune` again",
         ) from None
     records: dict[str, TuningRecord] = {}
-    names = {f for f in TuningRecord.__dataclass_fields__}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
-            data.pop("speedup", None)
-            if not isinstance(data, dict) or set(data) - names:
-                raise ValueError(f"unexpected keys {sorted(set(data) - names)}")
-            record = TuningRecord(**data)
-            if not isinstance(record.knobs, dict):
-                raise ValueError("'knobs' must be a mapping of stage -> options")
-        except (ValueError, TypeError) as exc:
+            record = _record(json.loads(line))
+        except ValueError as exc:
             raise KilnError(
                 "a tuning record cannot be read",
                 location=Location(str(path), number, 1, source=line[:200]),
@@ -113,6 +106,75 @@ def read_records(path: str | os.PathLike) -> dict[str, TuningRecord]:
             ) from None
         records[record.instance] = record
     return records
+
+
+# The knobs a record may set, and their values: what kiln.tune.space.knobs_for can
+# choose (kept light here: the build reads records, and must not import the stages).
+_COUNT = ("a whole number >= 0", lambda v: type(v) is int and v >= 0)
+_BOOL = ("true or false", lambda v: type(v) is bool)
+KNOB_VALUES: dict[str, dict[str, tuple[str, Any]]] = {
+    "visa": {
+        "tile_m": _COUNT,
+        "tile_n": _COUNT,
+        "tile_k": _COUNT,
+        "tile_order": ("'mn' or 'nm'", lambda v: v in ("mn", "nm")),
+        "vector_tile": _COUNT,
+        "fusion": _BOOL,
+        "reduce_split": ("a whole number >= 1", lambda v: type(v) is int and v >= 1),
+    },
+    "lir": {"double_buffer": _BOOL},
+    "schedule": {"policy": ("'critical-path' or 'in-order'", lambda v: v in _POLICIES)},
+}
+_POLICIES = ("critical-path", "in-order")
+_TEXT_FIELDS = ("instance", *KEY_FIELDS, "strategy")
+_COUNT_FIELDS = ("default_cycles", "tuned_cycles", "trials", "rejected", "seed", "budget")
+
+
+def _record(data: Any) -> TuningRecord:
+    """One line's record; a ValueError says in the user's words what is wrong with it."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON {type(data).__name__}, not an object")
+    data = dict(data)
+    data.pop("speedup", None)
+    fields = TuningRecord.__dataclass_fields__
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"unexpected keys {unknown}")
+    missing = [f for f in ("instance", *KEY_FIELDS) if f not in data]
+    if missing:
+        raise ValueError(f"no {', '.join(map(repr, missing))}")
+    for name in _TEXT_FIELDS:
+        if name in data and not isinstance(data[name], str):
+            raise ValueError(f"{name!r} is {data[name]!r}, not a string")
+    for name in _COUNT_FIELDS:
+        if name in data and type(data[name]) is not int:
+            raise ValueError(f"{name!r} is {data[name]!r}, not a whole number")
+    if "complete" in data and type(data["complete"]) is not bool:
+        raise ValueError(f"'complete' is {data['complete']!r}, not true or false")
+    _check_knobs(data.get("knobs", {}))
+    return TuningRecord(**data)
+
+
+def _check_knobs(knobs: Any) -> None:
+    if not isinstance(knobs, dict):
+        raise ValueError("'knobs' must be a mapping of stage -> options")
+    for stage, options in knobs.items():
+        allowed = KNOB_VALUES.get(stage)
+        if allowed is None:
+            raise ValueError(
+                f"knobs of stage {stage!r}: kiln tune tunes only " + ", ".join(KNOB_VALUES)
+            )
+        if not isinstance(options, dict):
+            raise ValueError(f"knobs of stage {stage!r} must be a mapping of option -> value")
+        for option, value in options.items():
+            if option not in allowed:
+                raise ValueError(
+                    f"knob {stage}.{option} is not one kiln tune sets; "
+                    f"{stage} knobs: {', '.join(allowed)}"
+                )
+            wanted, ok = allowed[option]
+            if not ok(value):
+                raise ValueError(f"knob {stage}.{option} is {json.dumps(value)}, not {wanted}")
 
 
 def write_records(path: str | os.PathLike, records: dict[str, TuningRecord]) -> bool:

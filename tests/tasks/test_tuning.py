@@ -197,3 +197,17 @@ def test_show_piped_never_cuts_instance_names_or_knobs(project):
         "lir.double_buffer=True schedule.policy=in-order visa.fusion=False "
         "visa.reduce_split=4 visa.vector_tile=65536" in show.stdout
     )
+
+
+def test_a_bad_knob_in_tuning_jsonl_is_reported_at_its_line_not_pipeline_yaml(project):
+    run_kiln(project, "tune", "vector_add", "--budget", "4", "--seed", "1", check=True)
+    line = json.loads((project / "tuning.jsonl").read_text())
+    line["knobs"] = {"visa": {"vector_tile": "zz"}}
+    (project / "tuning.jsonl").write_text(json.dumps(line) + "\n")
+    for command in ("compile", "status"):
+        proc = run_kiln(project, command, "vector_add")
+        text = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "Traceback" not in text
+        assert "tuning.jsonl:1:1: error: a tuning record cannot be read" in text
+        assert 'found: knob visa.vector_tile is "zz", not a whole number >= 0' in text
+        assert "pipeline.yaml" not in text

@@ -1,9 +1,12 @@
 """tuning.jsonl: canonical lines, exact keys, damaged files reported at their line."""
 
+import json
+
 import pytest
 
 from kiln.errors import KilnError
 from kiln.tune.records import (
+    KEY_FIELDS,
     TuningKey,
     TuningRecord,
     cached_records,
@@ -73,3 +76,54 @@ def test_missing_file_is_empty_and_the_cache_sees_rewrites(tmp_path):
     assert cached_records(str(path))["gemm.large"].tuned_cycles == 100
     write_records(path, {"gemm.large": record(tuned_cycles=90)})
     assert cached_records(str(path))["gemm.large"].tuned_cycles == 90
+
+
+@pytest.mark.parametrize(
+    "line, found",
+    [
+        ("[1, 2, 3]", "found: a JSON list, not an object"),
+        ('{"graph": "g"}', "found: no 'instance', 'shape_set', 'dtype', 'machine'"),
+        ('{"instance": 3' + ', "%s": "x"' * 6 % KEY_FIELDS + "}", "found: 'instance' is 3, not"),
+        ("KNOBS{}", "found: 'trials' is 'many', not a whole number"),
+        ('KNOBS{"nostage": {"x": 1}}', "stage 'nostage': kiln tune tunes only visa, lir, schedule"),
+        ('KNOBS{"visa": {"vector_tile": "zz"}}', 'vector_tile is "zz", not a whole number >= 0'),
+        ('KNOBS{"visa": {"vector_tile": -5}}', "visa.vector_tile is -5, not a whole number >= 0"),
+        ('KNOBS{"visa": {"tile_q": 8}}', "tile_q is not one kiln tune sets; visa knobs: tile_m"),
+        ('KNOBS{"lir": {"double_buffer": "yes"}}', 'lir.double_buffer is "yes", not true or false'),
+        ('KNOBS{"schedule": {"policy": "nosuch"}}', "not 'critical-path' or 'in-order'"),
+        ('KNOBS{"visa": [1]}', "found: knobs of stage 'visa' must be a mapping of option -> value"),
+    ],
+)  # fmt: skip
+def test_a_damaged_record_says_what_is_wrong_in_the_records_words(tmp_path, line, found):
+    path = tmp_path / "tuning.jsonl"
+    write_records(path, {"gemm.large": record()})
+    good = path.read_text()
+    if line.startswith("KNOBS"):
+        data = json.loads(good)
+        if line == "KNOBS{}":
+            data["trials"] = "many"
+        else:
+            data["knobs"] = json.loads(line[len("KNOBS") :])
+        line = json.dumps(data)
+    path.write_text(good + line + "\n")
+    with pytest.raises(KilnError) as info:
+        read_records(path)
+    text = info.value.render()
+    assert text.startswith(f"{path}:2:1: error: a tuning record cannot be read"), text
+    assert found in text
+    assert "pop expected" not in text and "__init__" not in text
+
+
+def test_every_knob_the_search_can_choose_is_a_valid_record_knob():
+    from kiln.tune.records import KNOB_VALUES
+    from kiln.tune.space import knobs_for
+    from tests.tune.graphs import MACHINE, traced
+
+    graphs = [
+        traced("gemm", "kernels.linalg", M=64, K=64, N=64),
+        traced("softmax", "kernels.normalization", R=8, C=64),
+    ]
+    for graph in graphs:
+        for knob in knobs_for(graph, MACHINE):
+            wanted, ok = KNOB_VALUES[knob.stage][knob.option]
+            assert all(ok(v) for v in knob.values), (knob, wanted)
