@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from kiln.errors import printable, relative_path
@@ -147,6 +148,21 @@ def _read_index(state_dir: str | None) -> dict[str, dict] | None:
         return None
 
 
+_BUILDS = [True]  # False while a command that builds nothing (kiln view) reads the out dir
+
+
+@contextmanager
+def building_nothing():
+    """While a command that only reads the out dir runs: a damaged file is removed all the
+    same (no reader may trust it), and the warning says to rebuild it rather than that
+    this command does."""
+    _BUILDS.append(False)
+    try:
+        yield
+    finally:
+        _BUILDS.pop()
+
+
 def drop_damaged(directories: list[str], state_dir: str | None = None) -> list[str]:
     """Remove recorded files whose bytes changed since Kiln wrote them; returns their paths.
 
@@ -214,10 +230,11 @@ def drop_damaged(directories: list[str], state_dir: str | None = None) -> list[s
             write_bytes_atomic(os.path.join(state_dir, INDEX), text.encode())
         except OSError:
             pass  # the index only saves reads
+    then = "rebuilding it" if _BUILDS[-1] else "removed it: run `kiln compile` to rebuild it"
     for path in damaged:
         print(
             f"kiln: warning: {printable(relative_path(path))} changed since Kiln wrote it "
-            "(damaged or edited); rebuilding it",
+            f"(damaged or edited); {then}",
             file=sys.stderr,
             flush=True,
         )

@@ -45,16 +45,26 @@ def selection(project, filters: list[str], shapes: str | None, command: str):
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
+    from kiln.tasks.manifest import building_nothing
     from kiln.tasks.project import Project
     from kiln.tasks.taskgraph import render, task_graph
 
     project = Project.find()
-    g = task_graph(project, selection(project, args.filters, args.shapes, "graph"), why=args.why)
+    with building_nothing():
+        instances = selection(project, args.filters, args.shapes, "graph")
+        g = task_graph(project, instances, why=args.why)
     sys.stdout.write(render(g, args.format))
     return 0
 
 
 def cmd_view(args: argparse.Namespace) -> int:
+    from kiln.tasks.manifest import building_nothing
+
+    with building_nothing():
+        return _view(args)
+
+
+def _view(args: argparse.Namespace) -> int:
     from kiln.report.page import write_report
     from kiln.tasks.project import Project
 

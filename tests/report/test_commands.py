@@ -141,3 +141,17 @@ def test_compile_profile_is_a_chrome_trace(built: Path):
     events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert {e["name"] for e in events} >= {"compile:softmax.small.trace", "compile:gemm.wide.edf"}
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in events)
+
+
+def test_view_of_a_damaged_artifact_says_it_removed_it_and_builds_nothing(project: Path):
+    run_kiln(project, "compile", "vector_add", check=True)
+    sched = project / "build/kiln/kernel/vector_add/small/kernel.sched"
+    sched.write_bytes(sched.read_bytes()[:100])
+    view = run_kiln(project, "view", "vector_add", check=True)
+    assert (
+        "kiln: warning: build/kiln/kernel/vector_add/small/kernel.sched changed since Kiln "
+        "wrote it (damaged or edited); removed it: run `kiln compile` to rebuild it"
+    ) in view.stderr
+    assert "rebuilding" not in view.stderr and not sched.exists()  # nothing was built
+    compile_ = run_kiln(project, "compile", "vector_add", check=True)
+    assert "compile:vector_add.small.schedule" in compile_.stdout and sched.is_file()
