@@ -68,6 +68,8 @@ def _view(args: argparse.Namespace) -> int:
     from kiln.report.page import write_report
     from kiln.tasks.project import Project
 
+    if args.output == Path("-"):  # the page on stdout, for a pipe; messages on stderr
+        return _view_to_stdout(args)
     if args.output is not None:
         check_output("-o/--output", args.output)
     project = Project.find()
@@ -92,6 +94,26 @@ def _view(args: argparse.Namespace) -> int:
         import webbrowser
 
         webbrowser.open(out.resolve().as_uri())
+    return 0
+
+
+def _view_to_stdout(args: argparse.Namespace) -> int:
+    from kiln.report.page import render_report
+    from kiln.tasks.project import Project
+
+    if args.open or args.compare is not None:
+        raise KilnError(
+            "-o - writes the report to stdout: there is no file to --open or compare into",
+            expected="-o FILE with --open or --compare",
+            found="-o - " + ("--open" if args.open else "--compare"),
+        )
+    project = Project.find()
+    instances = selection(project, args.filters, args.shapes, "view")
+    page = render_report(project, instances, Path(project.out_dir) / "report.html")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(page)
+    sys.stdout.flush()
+    print(f"kiln: wrote the report to stdout ({len(instances)} kernel instances)", file=sys.stderr)
     return 0
 
 

@@ -11,11 +11,19 @@ from kiln.report.html import render_page
 
 def write_report(project, instances, out: Path, diff: dict | None = None) -> int:
     """Write the report of ``instances`` to ``out`` atomically; returns its size in bytes."""
+    page = render_report(project, instances, out, diff)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(out, page)
+    return len(page)
+
+
+def render_report(project, instances, out: Path, diff: dict | None = None) -> bytes:
+    """The report page's bytes, as it would be written at ``out``."""
     entries = collect(project, instances)
     g, tasks, critical = _build_views(project, instances)
     mark_out_of_date(entries, g)
     profile = build_profile(project)
-    page = render_page(
+    return render_page(
         project.pipeline.project or "kiln",
         entries,
         out,
@@ -24,9 +32,6 @@ def write_report(project, instances, out: Path, diff: dict | None = None) -> int
         profile_critical=_profile_critical(critical, profile),
         diff=diff,
     ).encode()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(out, page)
-    return len(page)
 
 
 def _build_views(project, instances):

@@ -155,3 +155,14 @@ def test_view_of_a_damaged_artifact_says_it_removed_it_and_builds_nothing(projec
     assert "rebuilding" not in view.stderr and not sched.exists()  # nothing was built
     compile_ = run_kiln(project, "compile", "vector_add", check=True)
     assert "compile:vector_add.small.schedule" in compile_.stdout and sched.is_file()
+
+
+def test_view_dash_o_dash_writes_the_page_to_stdout(project: Path):
+    run_kiln(project, "compile", "vector_add", check=True)
+    piped = run_kiln(project, "view", "vector_add", "-o", "-", check=True)
+    assert not (project / "-").exists()
+    assert "kiln: wrote the report to stdout (1 kernel instances)" in piped.stderr
+    run_kiln(project, "view", "vector_add", check=True)
+    assert piped.stdout == (project / "build/kiln/kernel/report.html").read_text()
+    both = run_kiln(project, "view", "-o", "-", "--open")
+    assert both.returncode == 2 and "-o - writes the report to stdout" in both.stderr
