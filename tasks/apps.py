@@ -332,14 +332,20 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
 def asked_for_and_unavailable(asked: list[str], skipped: dict[str, str]) -> int:
     """2 when a target named with --target could not run the app's tests, as for kernels.
 
-    ``skipped`` maps each target that cannot run here to the reason; the
-    error is the kernel path's (``kiln test KERNEL --target T``), so a CI job
-    asking for a board never passes without testing on it.
+    ``skipped`` maps each target that cannot run here to the reason. The
+    error is word for word the one `kiln test KERNEL --target T` prints
+    (tasks/testing.py), so a CI job asking for a board never passes without
+    testing on it, whether it names kernels or an app.
     """
-    from kiln.tasks.testing import _asked_for_and_unavailable
-
-    reports = [{"target": t, "status": "skipped", "reason": r} for t, r in skipped.items()]
-    return _asked_for_and_unavailable(asked, reports)
+    for target in dict.fromkeys(asked):
+        if target in skipped:
+            err = KilnError(
+                f"--target {target} was asked for, but it cannot run here: {skipped[target]}",
+                hint=f"drop --target {target} to test only the targets that can run here",
+            )
+            print(err.render(), file=sys.stderr, flush=True)
+            return 2
+    return 0
 
 
 def status_app(project: Project, name: str, show_all: bool = False) -> int:
