@@ -268,7 +268,7 @@ def run_app(project: Project, name: str, target: str, save_dir: Path | None = No
 def test_app(project: Project, name: str, targets: list[str], junit: Path | None = None) -> int:
     """`kiln test APP`: the app's declared tests, in-process under pytest, once per target."""
     from kiln.tasks.running import build
-    from kiln.tasks.testing import default_targets
+    from kiln.tasks.testing import asked_for_and_unavailable, default_targets
 
     plan = plan_app(project, name)
     where = f"apps.{name}.tests"
@@ -327,25 +327,6 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
     if any(r.startswith("fail") for r in results.values()):
         return 1
     return asked_for_and_unavailable(asked, skipped)
-
-
-def asked_for_and_unavailable(asked: list[str], skipped: dict[str, str]) -> int:
-    """2 when a target named with --target could not run the app's tests, as for kernels.
-
-    ``skipped`` maps each target that cannot run here to the reason. The
-    error is word for word the one `kiln test KERNEL --target T` prints
-    (tasks/testing.py), so a CI job asking for a board never passes without
-    testing on it, whether it names kernels or an app.
-    """
-    for target in dict.fromkeys(asked):
-        if target in skipped:
-            err = KilnError(
-                f"--target {target} was asked for, but it cannot run here: {skipped[target]}",
-                hint=f"drop --target {target} to test only the targets that can run here",
-            )
-            print(err.render(), file=sys.stderr, flush=True)
-            return 2
-    return 0
 
 
 def status_app(project: Project, name: str, show_all: bool = False) -> int:

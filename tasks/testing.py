@@ -216,21 +216,29 @@ def run_tests(project: Project, instances: list, args) -> int:
         write_junit(args.junit, reports)
     if counts["fail"] or counts["error"]:
         return 1
-    return _asked_for_and_unavailable(args.target or [], reports)
+    by_target: dict[str, list[dict]] = {}
+    for r in reports:
+        by_target.setdefault(r["target"], []).append(r)
+    skipped = {
+        t: mine[0]["reason"]
+        for t, mine in by_target.items()
+        if all(r["status"] == "skipped" for r in mine)
+    }
+    return asked_for_and_unavailable(args.target or [], skipped)
 
 
-def _asked_for_and_unavailable(asked: list[str], reports: list[dict]) -> int:
+def asked_for_and_unavailable(asked: list[str], skipped: dict[str, str]) -> int:
     """2 when a target named with --target ran nowhere: a CI job asking for it tested nothing.
 
-    Targets taken from pipeline.yaml are only skipped where they cannot run
-    (a GPU target on a laptop); one asked for by name is an error, as it is
-    for ``kiln run`` and ``kiln bench``.
+    ``skipped``: each target that could run nothing here, and why. Targets
+    taken from pipeline.yaml are only skipped where they cannot run (a GPU
+    target on a laptop); one asked for by name is an error, as it is for
+    ``kiln run`` and ``kiln bench``, and for an app's tests (tasks/apps.py).
     """
     for target in dict.fromkeys(asked):
-        mine = [r for r in reports if r["target"] == target]
-        if mine and all(r["status"] == "skipped" for r in mine):
+        if target in skipped:
             err = KilnError(
-                f"--target {target} was asked for, but it cannot run here: {mine[0]['reason']}",
+                f"--target {target} was asked for, but it cannot run here: {skipped[target]}",
                 hint=f"drop --target {target} to test only the targets that can run here",
             )
             print(err.render(), file=sys.stderr, flush=True)
