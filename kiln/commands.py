@@ -74,16 +74,18 @@ def cmd_compile(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from kiln.tasks.manifest import building_nothing
     from kiln.tasks.status import explain
 
     project = _project()
     chosen = _select(project, args, "status", apps=True)
-    if chosen.app is not None:
-        from kiln.tasks.apps import status_app
+    with building_nothing():  # status builds nothing: a damaged file is for compile to redo
+        if chosen.app is not None:
+            from kiln.tasks.apps import status_app
 
-        return status_app(project, chosen.app, args.all)
+            return status_app(project, chosen.app, args.all)
+        results = explain(project, chosen.instances)
     instances = chosen.instances
-    results = explain(project, instances)
     pending = [(n, r) for n, r in results if r]
     for name, reasons in results:
         if reasons:

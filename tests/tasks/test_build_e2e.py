@@ -203,3 +203,13 @@ def test_dumps_section_writes_every_kind_and_reruns_only_the_owning_stages(proje
     status = run_kiln(project, "status", "softmax", check=True).stdout
     assert "missing artifact" in status and "schedule.json" in status
     assert ran_tasks(run_kiln(project, "compile", check=True)) == ["compile:softmax.small.schedule"]
+
+
+def test_status_of_a_damaged_artifact_says_to_rebuild_it_and_builds_nothing(project):
+    run_kiln(project, "compile", "vector_add", check=True)
+    sched = project / "build/kiln/kernel/vector_add/small/kernel.sched"
+    sched.write_bytes(sched.read_bytes()[:100])
+    status = run_kiln(project, "status", "vector_add", check=True)
+    assert "removed it: run `kiln compile` to rebuild it" in status.stderr
+    assert "rebuilding" not in status.stderr
+    assert "compile:vector_add.small.schedule: would run" in status.stdout
