@@ -252,9 +252,11 @@ def _units(program: visa.Program, machine: dict) -> dict[str, int]:
 def _latency(ins: visa.Instr, kind: str, nbytes: int, elements: int, machine: dict) -> int:
     if kind == "dma":
         dma = machine["dma"]
-        # exact for a fractional rate as written (0.5, 1.5): int() made 0.5 a division by 0
-        rate = Fraction(str(dma["bytes_per_cycle"]))
-        return int(dma["latency"]) + math.ceil(nbytes / rate)
+        rate = dma["bytes_per_cycle"]
+        if isinstance(rate, int):  # the usual case, once per DMA instruction: integers only
+            return int(dma["latency"]) - (-nbytes // rate)
+        # a fractional rate (0.5, 1.5) exactly as written: int() made 0.5 a division by 0
+        return int(dma["latency"]) + math.ceil(nbytes / Fraction(str(rate)))
     if kind == "tensor":
         tm, tn, tk = (int(d) for d in machine["tensor"]["tile"])
         (m, k), n = ins.srcs[0].shape, ins.dst.shape[1]
