@@ -163,6 +163,11 @@ def building_nothing():
         _BUILDS.pop()
 
 
+def _then() -> str:
+    """What happens to a damaged file: rebuilt by this command, or by the next compile."""
+    return "rebuilding it" if _BUILDS[-1] else "removed it: run `kiln compile` to rebuild it"
+
+
 def drop_damaged(directories: list[str], state_dir: str | None = None) -> list[str]:
     """Remove recorded files whose bytes changed since Kiln wrote them; returns their paths.
 
@@ -213,10 +218,18 @@ def drop_damaged(directories: list[str], state_dir: str | None = None) -> list[s
             else:
                 try:
                     os.unlink(path)
+                    damaged.append(path)
+                except IsADirectoryError:  # made by hand: kept aside, never deleted
+                    from kiln.statefiles import quarantine
+
+                    if (
+                        quarantine(Path(path), "a directory where Kiln wrote a file", _then())
+                        is None
+                    ):
+                        continue
                 except OSError:
                     continue
                 del files[rel]
-                damaged.append(path)
             changed = True
         if changed:
             index_changed = True
@@ -230,7 +243,7 @@ def drop_damaged(directories: list[str], state_dir: str | None = None) -> list[s
             write_bytes_atomic(os.path.join(state_dir, INDEX), text.encode())
         except OSError:
             pass  # the index only saves reads
-    then = "rebuilding it" if _BUILDS[-1] else "removed it: run `kiln compile` to rebuild it"
+    then = _then()
     for path in damaged:
         print(
             f"kiln: warning: {printable(relative_path(path))} changed since Kiln wrote it "

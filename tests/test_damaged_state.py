@@ -141,6 +141,22 @@ def test_damaged_edf_is_rebuilt_by_compile(small, damage):
     assert ran_tasks(kiln(small, "compile", check=True)) == []
 
 
+def test_a_directory_in_place_of_an_artifact_is_kept_aside_and_the_artifact_rebuilt(small):
+    graph = small / INSTANCE / "graph.json"
+    good = graph.read_bytes()
+    graph.unlink()
+    graph.mkdir()
+    (graph / "mine.txt").write_text("made by hand\n")
+    proc = kiln(small, "compile", check=True)
+    text = no_traceback(proc)
+    assert "graph.json is damaged (a directory where Kiln wrote a file)" in text
+    assert "compile:vector_add.small.trace" in ran_tasks(proc)
+    assert graph.read_bytes() == good
+    (aside,) = (small / INSTANCE).glob("graph.json.corrupt-*")
+    assert (aside / "mine.txt").read_text() == "made by hand\n"  # never deleted
+    shutil.rmtree(aside)
+
+
 def test_touched_artifact_is_not_rebuilt(small):
     lir = small / INSTANCE / "kernel.lir"
     st = lir.stat()
