@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 from pathlib import Path
 
 from kiln.errors import KilnError
@@ -24,7 +25,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     width = max(len(p) for p in written)
     for path in written:
         print(f"  {path:<{width}}  {DESCRIPTIONS[path]}")
-    steps = ([f"cd {shown}"] if shown != "." else []) + [
+    steps = ([f"cd {shlex.quote(shown)}"] if shown != "." else []) + [
         "kiln compile      build the example kernel",
         "kiln test         check the simulator against the cpu oracle",
         "python -m pytest  run the kernel's own test",

@@ -124,3 +124,12 @@ def test_any_one_existing_file_stops_init(tmp_path, existing):
     with pytest.raises(KilnError, match="would overwrite 1 existing file"):
         init_project(tmp_path)
     assert not (tmp_path / "pipeline.yaml").exists()
+
+
+def test_the_next_steps_quote_a_directory_name_a_shell_would_split(tmp_path):
+    proc = ok(run(tmp_path, "init", "my proj-1"))
+    assert "  cd 'my proj-1'\n" in proc.stdout
+    step = next(line for line in proc.stdout.splitlines() if line.strip().startswith("cd "))
+    shell = subprocess.run(["bash", "-c", step.strip() + " && pwd"], cwd=tmp_path, text=True,
+                           capture_output=True)  # fmt: skip
+    assert shell.returncode == 0 and shell.stdout.strip().endswith("my proj-1")
