@@ -78,6 +78,12 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     executor = resolve_executor(pipeline.executor, project.root)
     tuning_file = str(project.root / pipeline.tuning_file)
     tuning_keys = TuningKeys(project) if os.path.isfile(tuning_file) else None
+    if tuning_keys is None and os.path.lexists(tuning_file):
+        # a directory (or a dangling link) where the records go: kiln tune reports it,
+        # and a build must not quietly drop the tuned options either
+        from kiln.tune.records import read_records
+
+        read_records(tuning_file)  # raises the error naming the file
     chosen = list(instances if instances is not None else project.instances)
     fetch_ahead = cache.get("enabled") and cache.get("remote") and cache.get("prefetch_threads")
     plan = ChainPlan() if fetch_ahead else None

@@ -211,3 +211,11 @@ def test_a_bad_knob_in_tuning_jsonl_is_reported_at_its_line_not_pipeline_yaml(pr
         assert "tuning.jsonl:1:1: error: a tuning record cannot be read" in text
         assert 'found: knob visa.vector_tile is "zz", not a whole number >= 0' in text
         assert "pipeline.yaml" not in text
+
+
+def test_a_directory_where_the_records_go_stops_a_build_too(project):
+    (project / "tuning.jsonl").mkdir()
+    proc = run_kiln(project, "compile", "vector_add")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "tuning.jsonl: error: cannot read the tuning records" in proc.stderr
+    assert "Traceback" not in proc.stderr
