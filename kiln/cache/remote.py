@@ -164,14 +164,16 @@ class RemoteStore:
     def _open(self) -> None:
         """Make the filesystem client under the deadline: some backends connect right away.
 
-        A URL Kiln cannot use at all is the user's error (KilnError); a
-        server that refuses or does not answer is the remote being down.
+        A URL no fsspec backend here can open (pipeline.yaml's is checked
+        when it loads; KILN_REMOTE_CACHE's only for its form, see
+        ``check_remote_url``) is the remote being unusable, as is a server
+        that refuses or does not answer: one warning, and a local build.
         """
         outcome = DeadlineCaller().call(open_filesystem, (self.url, self.timeout), self.timeout)
         if outcome is None:
             self._trip(f"no answer within {self.timeout:g} s while connecting")
-        elif isinstance(outcome.get("error"), KilnError):
-            raise outcome["error"]
+        elif isinstance(outcome.get("error"), KilnError):  # a protocol fsspec cannot open
+            self._trip(outcome["error"].message)
         elif "error" in outcome:
             error = outcome["error"]
             self._trip(f"{type(error).__name__} while connecting: {error}")

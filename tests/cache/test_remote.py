@@ -230,3 +230,11 @@ def test_uploading_to_a_missing_bucket_warns_once(capfd):
     _upload(remote, b"more")
     err = capfd.readouterr().err
     assert err.count("warning") == 1 and "bucket does not exist" in err and remote.broken
+
+
+def test_a_protocol_no_backend_can_open_is_one_warning_not_an_error(capfd):
+    remote = RemoteStore("kilnnosuchprotocol://x/y", timeout=1)
+    assert remote.broken and remote.lookup(KEY) is None
+    _upload(remote, b"data")
+    err = capfd.readouterr().err
+    assert err.count("warning") == 1 and "kilnnosuchprotocol" in err
