@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -148,6 +149,10 @@ DUMPS = {"dfg": _dump_dfg}
 
 # -- finding the kernel ----------------------------------------------------------
 _STAMPS: dict[str, tuple[int, int]] = {}
+# Python lists a module in sys.modules before its body has run: a second
+# thread (doit's thread runner, or chains a Dask build takes back to run
+# locally) must wait for the import rather than read the half-run module.
+_IMPORTING = threading.RLock()
 
 
 def _stamp(module: ModuleType) -> tuple[int, int] | None:
@@ -160,6 +165,11 @@ def _stamp(module: ModuleType) -> tuple[int, int] | None:
 
 def load_module(name: str) -> ModuleType:
     """Import ``name``; re-import it when its file changed since this process loaded it."""
+    with _IMPORTING:
+        return _load_module(name)
+
+
+def _load_module(name: str) -> ModuleType:
     try:
         module = sys.modules.get(name)
         if module is None:

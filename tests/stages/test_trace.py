@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +190,29 @@ def test_edited_module_is_reimported(project):
     second = stage.run(request(module), stage.Options(), None)
     assert [n.op for n in first.nodes][-1] == "add"
     assert [n.op for n in second.nodes][-1] == "mul"
+
+
+def test_threads_tracing_one_module_wait_for_its_import(project):
+    # the module sits in sys.modules before its body has run; a second thread
+    # must not read it half-run (a Dask build taking chains back to run locally)
+    slow = "import time\ntime.sleep(0.3)\n" + GOOD
+    module, _ = project("slow_import", slow)
+    graphs, errors = [], []
+
+    def trace() -> None:
+        try:
+            graphs.append(stage.run(request(module), stage.Options(), None))
+        except TraceError as exc:
+            errors.append(exc.message)
+
+    threads = [threading.Thread(target=trace) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(graphs) == 4 and all(g == graphs[0] for g in graphs)
 
 
 def test_traced_graph_runs_like_the_kernel(project):
