@@ -120,6 +120,17 @@ def check_scheduler_address(address: str, source: str) -> None:
     )
 
 
+def scheduler_host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a checked TCP-based address (tcp, tls, ws, wss); None for the rest."""
+    scheme, _, location = address.partition("://")
+    if scheme.lower() not in ("tcp", "tls", "ws", "wss"):
+        return None
+    found = _HOST_PORT.fullmatch(location)
+    if not found:
+        return None
+    return found.group(1).strip("[]"), int(found.group(2))
+
+
 def worker_count() -> int:
     """KILN_JOBS (or ``-n``), checked: how many workers Kiln plans for (and starts)."""
     raw = os.environ.get("KILN_JOBS", "").strip()

@@ -18,11 +18,12 @@ import hashlib
 import logging
 import multiprocessing
 import os
+import socket
 import threading
 
 from kiln.tasks.cached import resolved_options, stage_key
 from kiln.tasks.digest import stage_module_info
-from kiln.tasks.executor import DISTRIBUTED_HINT
+from kiln.tasks.executor import DISTRIBUTED_HINT, scheduler_host_port
 
 from kiln.cache.store import sha256
 from kiln.errors import KilnError
@@ -84,6 +85,8 @@ def _connect(executor: dict):
             raise KilnError("the dask executor needs distributed", hint=DISTRIBUTED_HINT) from None
         quiet_dask_logs()
         try:
+            if address:
+                _probe(address)
             client = (
                 Client(address, timeout=CONNECT_TIMEOUT) if address else _local_client(executor)
             )
@@ -92,6 +95,22 @@ def _connect(executor: dict):
             raise _failed[key] from None
         _clients[key] = client
         return client
+
+
+def _probe(address: str) -> None:
+    """Raise at once when nothing listens at ``address``.
+
+    Dask retries a refused connection until its timeout: a mistyped port
+    would cost every build ``CONNECT_TIMEOUT`` seconds before its one error.
+    A probe that merely times out proves nothing, so Dask gets its own try.
+    """
+    host_port = scheduler_host_port(address)
+    if host_port is None:
+        return
+    try:
+        socket.create_connection(host_port, timeout=CONNECT_TIMEOUT).close()
+    except TimeoutError:
+        pass
 
 
 def _local_client(executor: dict):

@@ -3,6 +3,9 @@ for a cluster it loses, and the rest of the build local (no real cluster here)."
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 from kiln.tasks import chain_batches, remote_exec
 from kiln.tasks.chain_batches import ClusterLost
@@ -27,6 +30,15 @@ def fresh(monkeypatch):
     return monkeypatch
 
 
+@pytest.fixture
+def listening():
+    """A port that accepts connections and never answers (a scheduler Dask gives up on)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
 def refusing_client(calls: list):
     def client(address, timeout):
         calls.append(address)
@@ -43,19 +55,38 @@ def refusing_client(calls: list):
         ("executor.address in pipeline.yaml", "remove executor.address from pipeline.yaml"),
     ],
 )
-def test_an_unreachable_scheduler_is_one_error_then_the_rest_builds_here(fresh, source, hint):
+def test_an_unreachable_scheduler_is_one_error_then_the_rest_builds_here(
+    fresh, source, hint, listening
+):
     calls: list = []
     fresh.setattr(distributed, "Client", refusing_client(calls))
-    executor = {"kind": "dask", "address": "tcp://127.0.0.1:1", "workers": 2, "source": source}
+    address = f"tcp://127.0.0.1:{listening}"
+    executor = {"kind": "dask", "address": address, "workers": 2, "source": source}
     with pytest.raises(KilnError) as info:
         remote_exec.dask_client(executor)
     err = info.value
-    assert "cannot reach the Dask scheduler tcp://127.0.0.1:1" in err.message
+    assert f"cannot reach the Dask scheduler {address}" in err.message
     assert source in err.message and hint in err.hint
     err.notes.append("while running stage 'trace' of a.small")  # as the action does
     assert remote_exec.dask_client(executor) is None  # no second message: built here
     assert remote_exec.dask_client(executor) is None
-    assert calls == ["tcp://127.0.0.1:1"]  # one attempt per build
+    assert calls == [address]  # one attempt per build
+
+
+def test_a_refused_scheduler_fails_at_once_without_waiting_for_dask(fresh):
+    # nothing listens on a port just closed: Dask would retry it for CONNECT_TIMEOUT
+    calls: list = []
+    fresh.setattr(distributed, "Client", refusing_client(calls))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    executor = {"kind": "dask", "address": f"tcp://127.0.0.1:{port}", "workers": 2}
+    started = time.monotonic()
+    with pytest.raises(KilnError) as info:
+        remote_exec.dask_client(executor)
+    assert time.monotonic() - started < remote_exec.CONNECT_TIMEOUT / 2
+    assert "ConnectionRefusedError" in info.value.message
+    assert calls == []
 
 
 def test_the_stored_error_is_never_handed_out_itself(fresh):
