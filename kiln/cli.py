@@ -19,7 +19,7 @@ from kiln.cli_help import DOIT_COMMANDS, SUMMARIES
 from kiln.cli_parser import build_parser, subcommands
 from kiln.errors import Abort, KilnError, environment_error
 from kiln.interrupts import INTERRUPTED
-from kiln.logconfig import setup_logging
+from kiln.logconfig import setup_logging, verbosity
 
 # Kiln's own commands: "module:function" called with the parsed arguments
 COMMANDS = {
@@ -75,8 +75,11 @@ def _main(argv: list[str]) -> int:
     if flags.get("help") or not rest:
         print(build_parser().format_help(), end="")
         return 0
-    apply_global_flags(flags)
     command = rest[0]
+    # own commands take -v/-q after the command too; doit's own -v/-q there are doit's
+    _one_verbosity(argv if command in OWN_COMMANDS else argv[: len(argv) - len(rest)])
+    apply_global_flags(flags)
+    verbosity()  # KILN_VERBOSITY from the environment, checked before anything runs
     if command == "help":
         return _help(rest[1:])
     if command in OWN_COMMANDS or (command == "clean" and {"-h", "--help"} & set(rest[1:])):
@@ -174,6 +177,19 @@ GLOBAL_SWITCHES = {
     "-q": ("verbosity", 0),
     "--quiet": ("verbosity", 0),
 }
+
+
+def _one_verbosity(words: list[str]) -> None:
+    """-v and -q together contradict each other: say so rather than let the last one win."""
+    given = [w for w in words if GLOBAL_SWITCHES.get(w, ("",))[0] == "verbosity"]
+    levels = {GLOBAL_SWITCHES[w][1]: w for w in reversed(given)}  # level -> its first flag
+    if len(levels) > 1:
+        raise KilnError(
+            f"{levels[2]} and {levels[0]} contradict each other",
+            expected="at most one of -v/--verbose and -q/--quiet",
+            found=" ".join(given),
+            hint="drop one of them",
+        )
 
 
 def split_global_flags(argv: list[str]) -> tuple[dict, list[str]]:

@@ -1,7 +1,9 @@
-"""Kiln's logs: off by default; KILN_LOG_INFO=1 turns on info logs.
+"""Kiln's logs and how much it says: logs are off by default; KILN_LOG_INFO=1 turns
+on info logs.
 
 KILN_LOG_FILE says where they go: ``stdout``, ``stderr`` (the default) or a
 file path (appended to). Every Kiln logger is a child of ``kiln``.
+KILN_VERBOSITY (what -q, the default and -v set) says how much a command prints.
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ import logging
 import os
 import sys
 
+from kiln.errors import KilnError
+
 _configured = False
+VERBOSITY_ENV = "KILN_VERBOSITY"
+VERBOSITY_LEVELS = {"0": 0, "1": 1, "2": 2}  # -q, the default, -v
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -34,3 +40,22 @@ def setup_logging() -> None:
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     _configured = True
+
+
+def verbosity() -> int:
+    """0 with -q, 2 with -v, 1 otherwise: KILN_VERBOSITY, which the kiln command sets.
+
+    Another value is an error, not a guess: ``abc`` must not silently mean
+    the default, nor ``7`` mean -v.
+    """
+    raw = os.environ.get(VERBOSITY_ENV, "").strip()
+    if not raw:
+        return 1
+    if raw not in VERBOSITY_LEVELS:
+        raise KilnError(
+            f"{VERBOSITY_ENV} is not a verbosity level",
+            expected="0 (as -q: failures and the summary), 1 (the default) or 2 (as -v)",
+            found=os.environ[VERBOSITY_ENV],
+            hint=f"set {VERBOSITY_ENV} to 0, 1 or 2, or unset it (-q and -v set it)",
+        )
+    return VERBOSITY_LEVELS[raw]

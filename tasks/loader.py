@@ -16,7 +16,7 @@ from kiln.tasks.project import Project
 from kiln.tasks.workers import prepare_workers
 
 from kiln.errors import Abort, KilnError, environment_error
-from kiln.logconfig import get_logger, setup_logging
+from kiln.logconfig import get_logger, setup_logging, verbosity
 
 log = get_logger("tasks")
 
@@ -167,6 +167,7 @@ def dodo_namespace(start: Path | None = None) -> dict:
     setup_logging()
     patch_plain_doit()
     with exit_on_user_error():
+        verbosity()  # a bad KILN_VERBOSITY is one message here, not the reporter's traceback
         project = Project.find(start)
         # plain doit: the lock is held until the process exits; a busy lock with
         # KILN_NO_WAIT or a bad KILN_MP_START is one message and exit 2

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from kiln.tasks.actions import DIAGNOSTIC_MARK
 
+from kiln.logconfig import verbosity
+
 # task name -> diagnostic (a dict) or plain message, of the last run in this process
 _last_failures: dict[str, dict | str] = {}
 _last_blocked: list[str] = []
@@ -60,14 +62,6 @@ def render_diagnostic(diag: dict) -> str:
     return err.render()
 
 
-def _verbosity() -> int:
-    """0 with -q, 2 with -v, 1 otherwise (``KILN_VERBOSITY``, set by the kiln command)."""
-    try:
-        return max(0, min(2, int(os.environ.get("KILN_VERBOSITY", "1"))))
-    except ValueError:
-        return 1
-
-
 class KilnReporter:
     """doit reporter interface (see doit.reporter.ConsoleReporter)."""
 
@@ -82,7 +76,7 @@ class KilnReporter:
         self.err = sys.stderr
         self.format = os.environ.get("KILN_MESSAGE_FORMAT", "human")
         # -q: only failures and the summary; -v: every task with where its artifact came from
-        self.verbosity = _verbosity()
+        self.verbosity = verbosity()  # checked before doit runs (kiln's main, dodo.py)
         self.live = (
             self.format == "human"
             and self.verbosity == 1

@@ -322,6 +322,52 @@ def test_global_flags_set_the_environment_kiln_reads(clean_env, tmp_path):
     assert os.environ["KILN_VERBOSITY"] == "2"
 
 
+@pytest.mark.parametrize(
+    "argv, found",
+    [
+        (["-v", "-q", "compile"], "found: -v -q"),
+        (["compile", "--quiet", "--verbose"], "found: --quiet --verbose"),
+        (["-q", "status", "-v"], "found: -q -v"),
+    ],
+)
+def test_verbose_and_quiet_together_is_one_usage_error(capsys, clean_env, argv, found):
+    rc, out, err = _main(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert "contradict each other" in err and found in err
+    assert "expected: at most one of -v/--verbose and -q/--quiet" in err
+
+
+@pytest.mark.parametrize("value", ["abc", "7", "-1", "1.5"])
+def test_a_bad_kiln_verbosity_names_the_variable_and_the_levels(
+    capsys, clean_env, tmp_path, monkeypatch, value
+):
+    monkeypatch.chdir(tmp_path)  # checked before the project is even looked for
+    monkeypatch.setenv("KILN_VERBOSITY", value)
+    rc, out, err = _main(capsys, "compile")
+    assert rc == 2 and out == ""
+    assert err.splitlines()[:3] == [
+        "error: KILN_VERBOSITY is not a verbosity level",
+        "  expected: 0 (as -q: failures and the summary), 1 (the default) or 2 (as -v)",
+        f"  found: {value}",
+    ]
+
+
+def test_a_flag_overrides_a_bad_kiln_verbosity_and_doit_checks_it_too(project):
+    proc = run_kiln(project, "-q", "compile", "vector_add", env={"KILN_VERBOSITY": "abc"})
+    assert proc.returncode == 0, proc.stderr
+    dodo = "from kiln.tasks.loader import dodo_namespace\nglobals().update(dodo_namespace())\n"
+    (project / "dodo.py").write_text(dodo)
+    proc = subprocess.run(
+        [sys.executable, "-m", "doit", "list"],
+        cwd=project,
+        env=dict(os.environ, KILN_VERBOSITY="9"),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "error: KILN_VERBOSITY is not a verbosity level" in proc.stderr
+
+
 def test_quiet_drops_the_per_task_lines(project):
     proc = run_kiln(project, "-q", "compile", "vector_add", check=True)
     assert not [line for line in proc.stdout.splitlines() if line.startswith(". ")]
