@@ -312,10 +312,31 @@ def _add_check_commands(sub) -> None:
         help="how candidates are proposed (all deterministic for a given --seed)",
     )
     _seed(u, "the random proposals")
-    u.add_argument("-n", "--process", type=int, default=None, metavar="N", help="parallel trials")
+    u.add_argument(
+        "-n",
+        "--process",
+        type=_trial_workers,
+        default=None,
+        metavar="N",
+        help="price N trials in parallel (default 1: in this process)",
+    )
     add_executor_flags(u)
     u.add_argument("--force", action="store_true", help="tune again even if a record is current")
     u.add_argument("--show", action="store_true", help="print the records instead of tuning")
+
+
+def _trial_workers(text: str) -> int:
+    """argparse ``type=`` of tune's -n: 0 or fewer parallel trials would price nothing."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of parallel trials, 1 or more (1: in this process), "
+            f"found {text!r}"
+        )
+    return value
 
 
 def _add_look_commands(sub) -> None:

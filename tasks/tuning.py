@@ -19,6 +19,7 @@ from kiln.tasks.project import KernelInstance, Project
 from kiln.tasks.tuning_key import TuningKeys
 
 from kiln.errors import KilnError
+from kiln.logconfig import verbosity
 from kiln.tune.apply import TUNED_STAGES, graph_digest
 from kiln.tune.records import TuningKey, TuningRecord, read_records, write_records
 
@@ -35,8 +36,6 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
 
     if args.budget < 1:
         raise KilnError("--budget must be at least 1", expected="N >= 1", found=str(args.budget))
-    if (args.process or 0) < 0:  # 0, as for a build: no worker processes
-        raise KilnError("-n must be at least 0", expected="N >= 0", found=str(args.process))
     if args.strategy not in STRATEGIES:
         raise KilnError(f"unknown strategy {args.strategy!r}", expected=", ".join(STRATEGIES))
     _check_stages(project)
@@ -44,6 +43,8 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
     records = read_records(path)
     keys = TuningKeys(project)
     totals = {"trials": 0, "tuned": 0, "current": 0}
+    # -q, as for a build: the summary, warnings and what stopped the run; no line per instance
+    quiet = verbosity() == 0
     try:
         for inst in instances:
             graph, digest = _trace(project, inst)
@@ -52,9 +53,10 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
             finished = old if old is not None and old.complete and key.matches(old) else None
             if finished is not None and not args.force:
                 totals["current"] += 1
-                print(f"{inst.name}: record is current ({_describe(old)}); 0 trials")
+                if not quiet:
+                    print(f"{inst.name}: record is current ({_describe(old)}); 0 trials")
                 continue
-            if old is not None and not old.complete and key.matches(old):
+            if old is not None and not old.complete and key.matches(old) and not quiet:
                 print(f"{inst.name}: the record is from an interrupted run; tuning again")
             record, interrupted = _tune_instance(project, inst, graph, key, args)
             if interrupted and finished is not None:  # never trade a finished record for this
@@ -70,7 +72,8 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
             totals["trials"] += record.trials
             totals["tuned"] += 1
             note = " (interrupted: best so far, tuned again by the next `kiln tune`)"
-            print(f"{inst.name}: {_describe(record)}{note if interrupted else ''}", flush=True)
+            if interrupted or not quiet:
+                print(f"{inst.name}: {_describe(record)}{note if interrupted else ''}", flush=True)
             if interrupted:
                 return 130
     except KeyboardInterrupt:
@@ -305,7 +308,7 @@ class _Progress:
 
     def __init__(self, name: str, budget: int):
         self.name, self.bar, self.task = name, None, None
-        if sys.stderr.isatty():
+        if sys.stderr.isatty() and verbosity() > 0:  # -q: no bar either, as for a build
             from rich.progress import Progress
 
             self.bar = Progress(transient=True)

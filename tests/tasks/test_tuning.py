@@ -67,15 +67,40 @@ def test_tune_compile_rerun_and_stale(project):
 def test_bad_tune_input_is_one_message(project):
     proc = run_kiln(project, "tune", "vector_add", "--budget", "0")
     assert proc.returncode == 2 and "--budget must be at least 1" in proc.stderr
-    proc = run_kiln(project, "tune", "vector_add", "-n", "-2")
-    assert proc.returncode == 2 and "error: -n must be at least 0" in proc.stderr
-    assert "found: -2" in proc.stderr and not (project / "tuning.jsonl").exists()
+    for n in ("0", "-2"):  # no worker to price a trial on: a usage error, nothing tuned
+        proc = run_kiln(project, "tune", "vector_add", "-n", n)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert (
+            "kiln tune: error: argument -n/--process: expected a whole number of parallel "
+            f"trials, 1 or more (1: in this process), found '{n}'" in proc.stderr
+        )
+        assert not (project / "tuning.jsonl").exists()
     (project / "tuning.jsonl").write_text('{"instance": 3\n')
     proc = run_kiln(project, "tune", "vector_add")
     assert proc.returncode == 2
     assert "tuning.jsonl:1" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_kiln(project, "compile", "vector_add")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_quiet_tune_prints_the_summary_not_a_line_per_instance(project):
+    quiet = run_kiln(project, "-q", "tune", "vector_add", "gemm", "--budget", "2", check=True)
+    assert quiet.stdout.splitlines() == [
+        "kiln tune: 3 tuned, 0 current, 6 trials; records in tuning.jsonl"
+    ]
+    assert sorted(records(project)) == ["gemm.small", "gemm.wide", "vector_add.small"]
+    again = run_kiln(project, "tune", "vector_add", "gemm", "--budget", "2", check=True)
+    lines = again.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:3]] == [
+        "vector_add.small",
+        "gemm.small",
+        "gemm.wide",
+    ]
+    assert all("record is current" in line for line in lines[:3])
+    quiet = run_kiln(project, "tune", "vector_add", "gemm", "--budget", "2", "--quiet")
+    assert quiet.stdout.splitlines() == [
+        "kiln tune: 0 tuned, 3 current, 0 trials; records in tuning.jsonl"
+    ]
 
 
 def test_ctrl_c_keeps_the_records_found_so_far(project):
