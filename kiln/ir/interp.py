@@ -190,8 +190,12 @@ def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: dict, out: TensorType
     elif op == "where":
         result = np.where(args[0], args[1], args[2])
     elif op == "cast":  # NumPy's C cast: out-of-range floats to i32 wrap, f16 overflows to inf
+        # To i32 a half goes through f32 like every other op (ml_dtypes' own bf16 -> int32
+        # turns NaN, inf and out-of-range values into 0, where f16 and f32 give INT_MIN);
+        # other casts take the narrow value as is, so i32 -> bf16 rounds once.
+        source = args[0] if out.dtype == "i32" else np.asarray(inputs[0])
         with np.errstate(over="ignore", invalid="ignore"):
-            result = np.asarray(inputs[0]).astype(NUMPY_DTYPES[out.dtype])
+            result = source.astype(NUMPY_DTYPES[out.dtype])
     elif op in _REDUCE:
         result = _REDUCE[op](
             args[0], axis=tuple(attrs["axes"]), keepdims=bool(attrs.get("keepdims"))

@@ -58,3 +58,16 @@ def test_out_of_range_casts_keep_numpys_result_without_a_warning():
     got = evaluate("cast", [big], {"dtype": "f16"}, TensorType((5,), "f16"))
     np.testing.assert_array_equal(got, want_f16)
     assert got[0] == np.inf and got[4] == np.float16(2.5)
+
+
+@pytest.mark.filterwarnings("error")
+def test_bf16_to_i32_of_nan_inf_and_out_of_range_matches_f16_and_f32():
+    """ml_dtypes casts bf16 NaN/inf to int32 as 0, but the sim and IREE convert through f32."""
+    values = np.array([np.nan, np.inf, -np.inf, 3e9, -3e9, 2.7, -2.7], np.float32)
+    with np.errstate(all="ignore"):
+        want = values.astype(np.int32)
+    for dtype in ("f32", "f16", "bf16"):
+        with np.errstate(over="ignore"):  # 3e9 is inf in f16, which still casts to INT_MIN
+            x = values.astype(NUMPY_DTYPES[dtype])
+        got = evaluate("cast", [x], {"dtype": "i32"}, TensorType((7,), "i32"))
+        np.testing.assert_array_equal(got, want, err_msg=dtype)
