@@ -146,22 +146,32 @@ def _help(topics: list[str]) -> int:
 
 
 def _check_command(word: str) -> None:
-    """A near miss of a command name is a usage error; anything else goes to doit."""
+    """What doit could run goes to doit; any other first word is an unknown command.
+
+    doit runs a doit command, a task (every Kiln task name but a group's has a
+    ':'), a ``name=value`` variable or a target, which is a file path. Deciding
+    here, before any project is looked for, gives one message inside a project
+    and outside one, instead of doit's 'Invalid parameter' or 'no pipeline file'.
+    """
     if word.startswith("-") or ":" in word or "=" in word or word in TASK_GROUPS:
         return
     if word in DOIT_COMMANDS or word in ("clean", "tabcompletion", "auto"):
         return
-    if difflib.get_close_matches(word, [*SUMMARIES, *DOIT_COMMANDS], n=1, cutoff=0.75):
-        raise _unknown_command(word)
+    if "/" in word or os.sep in word:  # a target: doit knows whether a task makes it
+        return
+    raise _unknown_command(
+        word, f"`kiln help` lists the commands; a FILTER follows one, as in `kiln compile {word}`"
+    )
 
 
-def _unknown_command(word: str) -> KilnError:
+def _unknown_command(word: str, otherwise: str = "run `kiln help`") -> KilnError:
     close = difflib.get_close_matches(word, [*SUMMARIES, *DOIT_COMMANDS], n=1, cutoff=0.6)
     return KilnError(
         f"unknown command '{word}'",
-        expected="a Kiln command (`kiln help` lists them) or a doit command",
+        expected="a Kiln command (`kiln help` lists them), a doit command, "
+        "or a task (compile:NAME...; `kiln list` lists them)",
         found=word,
-        hint=f"did you mean `kiln {close[0]}`?" if close else "run `kiln help`",
+        hint=f"did you mean `kiln {close[0]}`?" if close else otherwise,
     )
 
 

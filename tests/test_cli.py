@@ -290,9 +290,35 @@ def test_usage_errors_exit_2_with_one_message(tmp_path, argv, says):
     assert says in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_unknown_word_is_exit_2_not_doits_3(project):
-    proc = run_kiln(project, "nosuchthing")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+def test_unknown_word_is_kilns_unknown_command_in_a_project_and_outside(project, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for where in (project, outside):
+        for word, hint in (
+            (
+                "nosuchthing",
+                "hint: `kiln help` lists the commands; a FILTER follows one, "
+                "as in `kiln compile nosuchthing`",
+            ),
+            ("vector_add.small", "as in `kiln compile vector_add.small`"),
+            ("lst", "hint: did you mean `kiln list`?"),
+        ):
+            proc = run_kiln(where, word)
+            assert proc.returncode == 2, (where, word, proc.stderr)
+            assert proc.stderr.startswith(f"error: unknown command '{word}'\n"), proc.stderr
+            assert hint in proc.stderr
+            assert "Invalid parameter" not in proc.stderr and "pipeline file" not in proc.stderr
+
+
+def test_task_names_and_targets_still_reach_doit(project):
+    edf = project / "build/kiln/kernel/vector_add/small/kernel.edf"
+    run_kiln(project, "compile:vector_add.small.edf", check=True)
+    assert edf.is_file()
+    edf.unlink()
+    proc = run_kiln(project, str(edf), check=True)  # a target: the task that makes it runs
+    assert ". compile:vector_add.small.edf" in proc.stdout and edf.is_file()
+    run_kiln(project, "report", check=True)
+    assert (project / "build/kiln/kernel/report.html").is_file()
 
 
 def test_file_flag_before_or_after_the_command_finds_the_project(project, tmp_path_factory):
