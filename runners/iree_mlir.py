@@ -473,11 +473,14 @@ def _broadcast(f: _Func, node: Node) -> str:
     added = [d for d in range(node.type.rank) if d not in dims]
     if not added:
         return value
-    init = f.empty(node.shape, elem)
-    return f.emit(
-        f"linalg.broadcast ins({value} : {t}) outs({init} : {ttype(node.shape, elem)}) "
+    init, out = f.empty(node.shape, elem), ttype(node.shape, elem)
+    value = f.emit(
+        f"linalg.broadcast ins({value} : {t}) outs({init} : {out}) "
         f"dimensions = [{', '.join(map(str, added))}]"
     )
+    # iree-compile 3.13 with data tiling at O3 crashes (PackOp::getResultShape) when a
+    # broadcast fuses into a matmul operand's encoding; the barrier keeps it a tensor.
+    return f.emit(f"util.optimization_barrier {value} : {out}")
 
 
 def _conv2d(f: _Func, node: Node) -> str:

@@ -314,6 +314,16 @@ def test_materialized_broadcasts_and_constants(runner):
     check(runner, b.graph(*outs))
 
 
+def test_broadcast_operand_of_a_matmul_compiles(runner):
+    """iree-compile crashed on a broadcast fused into a data-tiled matmul operand."""
+    b = GraphBuilder("bcast_matmul")
+    x, v, u = b.arg((4, 3)), b.arg((4,)), b.arg((4, 1))
+    rows = b.bcast(v, (5, 4))  # every row the same
+    cols = b.bcast(u, (4, 5))  # every column the same
+    outs = [b.matmul(rows, x), b.matmul(b.transpose(x, perm=(1, 0)), cols)]
+    check(runner, b.graph(*outs))
+
+
 # -- runner behaviour -------------------------------------------------------
 
 
