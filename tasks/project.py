@@ -313,12 +313,12 @@ def find_pipeline(start: Path | None = None) -> Path:
             path = Path(os.environ[env])
             if path.is_dir() and (path / PIPELINE_FILE).is_file():  # as -f DIR reads it
                 return path / PIPELINE_FILE
-            if not path.is_file() and env == "KILN_PIPELINE":  # -f was checked by the CLI
+            if not path.is_file():  # -f checks its path, so a bad one came from the variable
                 raise PipelineError(
-                    f"KILN_PIPELINE names no pipeline file: {printable(str(path))}",
-                    expected="KILN_PIPELINE=PATH/pipeline.yaml, an existing file",
+                    f"{env} names no pipeline file: {printable(str(path))}",
+                    expected=f"{env}=PATH/pipeline.yaml, an existing file",
                     found="a directory" if path.is_dir() else "nothing there",
-                    hint="fix or unset KILN_PIPELINE (kiln then looks for pipeline.yaml upwards)",
+                    hint=f"fix or unset {env} (kiln then looks for pipeline.yaml upwards)",
                 )
             return path
     here = (start or Path.cwd()).absolute()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tests.conftest import run_kiln
 
 
@@ -55,11 +57,21 @@ def test_a_directory_named_pipeline_yaml_is_named_as_such(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_a_pipeline_env_naming_nothing_names_the_variable(project, tmp_path):
-    proc = run_kiln(tmp_path, "compile", env={"KILN_PIPELINE": str(tmp_path / "nope.yaml")})
+@pytest.mark.parametrize("variable", ["KILN_PIPELINE", "KILN_PIPELINE_FILE"])
+def test_a_pipeline_env_naming_nothing_names_the_variable(project, tmp_path, variable):
+    proc = run_kiln(tmp_path, "status", env={variable: str(tmp_path / "nope.yaml")})
     assert proc.returncode == 2
-    assert "KILN_PIPELINE names no pipeline file" in proc.stderr and "nothing there" in proc.stderr
-    as_dir = run_kiln(tmp_path, "status", env={"KILN_PIPELINE": str(project)})  # as -f DIR
+    assert proc.stderr.splitlines() == [
+        f"error: {variable} names no pipeline file: {tmp_path / 'nope.yaml'}",
+        f"  expected: {variable}=PATH/pipeline.yaml, an existing file",
+        "  found: nothing there",
+        f"  hint: fix or unset {variable} (kiln then looks for pipeline.yaml upwards)",
+    ]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_kiln(tmp_path, "status", env={variable: str(empty)})
+    assert proc.returncode == 2 and "  found: a directory" in proc.stderr
+    as_dir = run_kiln(tmp_path, "status", env={variable: str(project)})  # as -f DIR
     assert as_dir.returncode == 0, as_dir.stdout + as_dir.stderr
 
 
