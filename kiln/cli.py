@@ -33,6 +33,7 @@ COMMANDS = {
     "view": "kiln.report.commands:cmd_view",
     "graph": "kiln.report.commands:cmd_graph",
     "cache": "kiln.commands_cache:cmd_cache",
+    "clean": "kiln.commands:cmd_clean",
     "init": "kiln.scaffold:cmd_init",
     "watch": "kiln.watch:cmd_watch",
     "config": "kiln.commands_config:cmd_config",
@@ -82,12 +83,12 @@ def _main(argv: list[str]) -> int:
     verbosity()  # KILN_VERBOSITY from the environment, checked before anything runs
     if command == "help":
         return _help(rest[1:])
-    if command in OWN_COMMANDS or (command == "clean" and {"-h", "--help"} & set(rest[1:])):
-        return _dispatch(rest)  # doit's clean runs as doit's, but its help is Kiln's
+    if command in OWN_COMMANDS:
+        return _dispatch(rest)
     _check_command(command)
     from kiln.tasks.build import run_doit
 
-    rc = run_doit(None, rest) or 0  # doit returns None for some commands (clean)
+    rc = run_doit(None, rest) or 0  # doit returns None for some commands
     return 2 if rc == DOIT_USAGE_ERROR else rc
 
 
@@ -136,7 +137,7 @@ def _help(topics: list[str]) -> int:
         print(build_parser().format_help(), end="")
         return 0
     topic = topics[0]
-    if topic in OWN_COMMANDS or topic in ("clean", "help"):
+    if topic in OWN_COMMANDS or topic == "help":
         return _dispatch([topic, "--help"])
     if topic in DOIT_COMMANDS or topic in ("run", "task", "tabcompletion", "auto"):
         from kiln.tasks.build import run_doit
@@ -155,7 +156,7 @@ def _check_command(word: str) -> None:
     """
     if word.startswith("-") or ":" in word or "=" in word or word in TASK_GROUPS:
         return
-    if word in DOIT_COMMANDS or word in ("clean", "tabcompletion", "auto"):
+    if word in DOIT_COMMANDS or word in ("tabcompletion", "auto"):
         return
     if "/" in word or os.sep in word:  # a target: doit knows whether a task makes it
         return

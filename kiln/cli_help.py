@@ -16,7 +16,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("compile", "compile kernels: all of them, or those FILTER selects"),
             ("status", "say which kernels would rebuild, and why"),
             ("watch", "rebuild (and test) what changed on every save"),
-            ("clean", "remove built artifacts (doit clean)"),
+            ("clean", "remove the artifacts and results Kiln wrote (or FILTER selects)"),
         ),
     ),
     (
@@ -48,7 +48,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ),
 )
 SUMMARIES = dict(item for _, items in COMMAND_GROUPS for item in items)
-# doit commands that `kiln` passes through unchanged (clean is listed with Kiln's own)
+# doit commands that `kiln` passes through unchanged
 DOIT_COMMANDS = ("list", "info", "forget", "ignore", "reset-dep", "dumpdb", "strace")
 
 EXAMPLES = """\

@@ -205,13 +205,23 @@ def _add_build_commands(sub) -> None:
     k = _add(
         sub,
         "clean",
-        description="Remove built artifacts: doit's clean over Kiln's tasks. "
-        "Every argument goes to doit.",
-        epilog="examples:\n  kiln clean\n  kiln clean compile:gemm.small.edf",
+        description="Remove the files Kiln wrote for the selected kernels: their artifacts "
+        "(doit's clean of their tasks) and their test and bench results; without a FILTER, "
+        "every kernel's, and the out dir's report.html and test-report.json. A file Kiln "
+        "did not write is never removed.",
+        epilog="examples:\n  kiln clean\n  kiln clean softmax gemm.small\n"
+        "  kiln clean compile:gemm.small.edf   (doit task names clean only those tasks)",
     )
-    k.add_argument("tasks", nargs="*", metavar="TASK", help="only these tasks (default: all)")
+    k.add_argument(
+        "filters",
+        nargs="*",
+        metavar="FILTER|TASK",
+        help="select kernels as every command does (an exact name, kernel.shapeset, a glob, "
+        "or an unambiguous substring), or name doit tasks (compile:gemm.small.edf); "
+        "none selects all kernels",
+    )
     k.add_argument("-n", "--dry-run", action="store_true", help="say what would be removed")
-    k.add_argument("-a", "--all", action="store_true", help="clean every task")
+    k.add_argument("-a", "--all", "--clean-all", action="store_true", help="clean every task")
     k.add_argument(
         "-c", "--clean-dep", action="store_true", help="clean the tasks' dependencies too"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 
 from kiln.errors import KilnError
 from kiln.outpaths import check_output, writing
@@ -170,3 +171,82 @@ def cmd_tune(args) -> int:
         return show_records(project, instances)
     with _locked(project):  # one writer of tuning.jsonl; a build never reads it half-tuned
         return run_tune(project, instances, args)
+
+
+# doit task groups: a clean argument naming one of these (or with a ':') is a task name
+TASK_GROUPS = ("compile", "test", "report")
+
+
+def cmd_clean(args) -> int:
+    """Remove what Kiln wrote for the kernels a FILTER selects (all without one), or for
+    the doit tasks named: artifacts through doit's clean, then test and bench results."""
+    from kiln.tasks.build import run_doit
+
+    tasks = [a for a in args.filters if ":" in a or a in TASK_GROUPS]
+    filters = [a for a in args.filters if a not in tasks]
+    project = _project()
+    instances = None
+    if filters or not tasks:  # tasks alone clean only those tasks
+        args.filters = filters
+        instances = _select(project, args, "clean").instances
+    # every stage of each selected instance; its results (test tasks' too) are removed below
+    names = [*tasks, *(f"compile:{inst.name}.*" for inst in instances or () if filters)]
+    flags = [
+        flag
+        for flag, given in (("-n", args.dry_run), ("-a", args.all), ("-c", args.clean_dep))
+        if given
+    ] + (["--forget"] if args.forget else [])
+    with _locked(project):
+        rc = run_doit(project, ["clean", *flags, *names], instances=None if tasks else instances)
+        if rc:
+            return 2 if rc == 3 else rc  # doit's 3: a name that is not a task
+        if instances is not None:
+            results = [p for inst in instances for p in kiln_results(inst.out_dir)]
+            if not filters:  # the whole project's: the report and the last test run
+                results += kiln_results(Path(project.out_dir), whole=True)
+            _remove(results, Path(project.out_dir), dry_run=args.dry_run)
+    return 0
+
+
+def kiln_results(directory: Path, *, whole: bool = False) -> list[Path]:
+    """The result files Kiln wrote in ``directory`` (docs/view.md, docs/targets.md).
+
+    Each is told from a user's file of the same name by its content, so clean
+    never deletes what it did not write: an instance's test-<target>.json and
+    bench-<target>.json name that target; ``whole`` (the out dir itself) adds
+    test-report.json and report.html.
+    """
+    from kiln.tasks.results import read_json
+
+    found = []
+    for path in sorted([*directory.glob("test-*.json"), *directory.glob("bench-*.json")]):
+        doc = read_json(path)
+        if isinstance(doc, dict) and doc.get("target") == path.stem.partition("-")[2]:
+            found.append(path)
+    if whole:
+        report = read_json(directory / "test-report.json")
+        if isinstance(report, dict) and isinstance(report.get("reports"), list):
+            found.append(directory / "test-report.json")
+        page = directory / "report.html"
+        if page.is_file() and "kiln report</title>" in page.read_text(errors="replace")[:4096]:
+            found.append(page)
+    return found
+
+
+def _remove(paths: list[Path], out_dir: Path, *, dry_run: bool) -> None:
+    """Delete ``paths`` (or say they would go), then the directories left empty below out_dir."""
+    from kiln.errors import printable, relative_path
+
+    for path in paths:
+        if dry_run:
+            print(f"kiln: would remove {printable(relative_path(path))}")
+            continue
+        path.unlink(missing_ok=True)
+        print(f"kiln: removed {printable(relative_path(path))}")
+        directory = path.parent
+        while directory != out_dir and out_dir in directory.parents:
+            try:
+                directory.rmdir()  # only when empty
+            except OSError:
+                break
+            directory = directory.parent

@@ -27,6 +27,50 @@ def test_doit_commands_pass_through(project):
     run_kiln(project, "forget", check=True)
 
 
+def _files(root) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_clean_filter_cleans_the_selected_instances_and_their_results_only(project):
+    out = project / "build/kiln/kernel"
+    run_kiln(project, "test", "vector_add", "gemm", check=True)
+    bench = ("bench", "gemm.small", "--target", "sim", "--iter", "1", "--warmup", "0")
+    run_kiln(project, *bench, check=True)
+    run_kiln(project, "view", check=True)
+    mine = {  # the user's, beside Kiln's: never removed
+        "gemm/small/notes.txt": "notes\n",
+        "gemm/small/bench-mine.json": '{"target": "yours"}\n',
+        "gemm/small/test-x.json": "not json\n",
+    }
+    for rel, text in mine.items():
+        (out / rel).write_text(text)
+    kilns = {"gemm/small/test-sim.json", "gemm/small/bench-sim.json", "report.html"}
+    assert kilns | {"test-report.json"} <= set(_files(out))
+    wide_before = [f for f in _files(out) if f.startswith(("gemm/wide/", "vector_add/"))]
+
+    proc = run_kiln(project, "clean", "gemm.small", check=True)
+    assert "kiln: removed build/kiln/kernel/gemm/small/test-sim.json" in proc.stdout
+    assert "kiln: removed build/kiln/kernel/gemm/small/bench-sim.json" in proc.stdout
+    left = _files(out)
+    assert [f for f in left if f.startswith("gemm/small/")] == sorted(mine)
+    assert [f for f in left if f.startswith(("gemm/wide/", "vector_add/"))] == wide_before
+    assert "report.html" in left and "test-report.json" in left  # the whole project's
+
+    dry = run_kiln(project, "clean", "-n", "vector*", check=True)
+    assert "kiln: would remove build/kiln/kernel/vector_add/small/test-sim.json" in dry.stdout
+    assert _files(out) == left
+
+    run_kiln(project, "clean", check=True)
+    assert _files(out) == sorted(mine)
+    assert sorted(p.name for p in out.iterdir()) == ["gemm"]  # emptied directories went too
+
+
+def test_clean_of_a_filter_matching_nothing_is_the_filter_error(project):
+    proc = run_kiln(project, "clean", "nosuch")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "nosuch" in proc.stderr and "ERROR: 'nosuch' is not a task" not in proc.stderr
+
+
 def test_info_of_an_unknown_task_is_one_line_not_a_traceback(project):
     for name, says in [
         ("compile:nosuch", "`kiln list --all` lists the tasks"),
