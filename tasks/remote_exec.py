@@ -319,7 +319,10 @@ def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
     produced = {}
     for stage_spec, found in zip(chain, outputs, strict=False):
         key = stage_key(stage_spec, input_digest=input_digest, graph_digest=graph_digest)
-        session.store(key, found)
+        try:
+            session.store(key, found)
+        except OSError as exc:  # a full or read-only cache costs speed; the bytes are here
+            session.store_failed(exc)
         session.produced.add(key)
         produced[key] = found
         input_digest = sha256(found["artifact"])

@@ -156,3 +156,39 @@ def test_what_counts_as_a_lost_scheduler(status, exc, lost):
     client = FakeClient()
     client.status = status
     assert remote_exec._connection_lost(client, exc) is lost
+
+
+def test_an_unwritable_store_costs_a_dask_build_its_cache_not_the_chain(fresh, tmp_path, caplog):
+    """KILN_CACHE_DIR on a file (or a read-only disk): the chain's outputs come back from
+    the worker all the same, are written locally, and the store's failure is a warning."""
+    from kiln.tasks.cached import fetch_or_run
+
+    from kiln.cache.config import CacheConfig
+
+    (tmp_path / "cache").write_text("a file, not a directory")
+    (tmp_path / "kernel.visa").write_bytes(b"visa text")
+    config = CacheConfig(local_dir=str(tmp_path / "cache" / "store"))
+    executor = {"kind": "dask", "address": "tcp://h:8786", "workers": 1, "source": "--scheduler"}
+    common = {"root": str(tmp_path), "instance": "k.small", "options": {}, "machine": {}}
+    common.update(dumps=[], cache=config.to_dict(), executor=executor, input_module="-")
+    lir = dict(common, stage="lir", stage_index=0, module="kiln.stages.lir")
+    lir.update(input=str(tmp_path / "kernel.visa"), artifact=str(tmp_path / "out" / "kernel.lir"))
+    sched = dict(common, stage="schedule", stage_index=1, module="kiln.stages.schedule")
+    sched.update(input=lir["artifact"], artifact=str(tmp_path / "out" / "kernel.sched"))
+    for spec in (lir, sched):
+        spec["chain"] = [lir, sched]
+
+    class Batcher:
+        def run(self, payload):
+            return {"outputs": [{"artifact": b"lir bytes"}, {"artifact": b"sched bytes"}]}
+
+    fresh.setattr(remote_exec, "dask_client", lambda executor: FakeClient())
+    fresh.setattr(chain_batches, "batcher_for", lambda client: Batcher())
+
+    def must_not_run(spec):
+        raise AssertionError("the chain was built on the cluster")
+
+    assert fetch_or_run(lir, must_not_run) == "compiled"
+    assert (tmp_path / "out" / "kernel.lir").read_bytes() == b"lir bytes"
+    assert (tmp_path / "out" / "kernel.sched").read_bytes() == b"sched bytes"
+    assert "cannot be written" in caplog.text
