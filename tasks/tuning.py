@@ -332,35 +332,49 @@ def show_records(project: Project, instances: list[KernelInstance]) -> int:
 
     records = read_records(records_path(project))
     keys = TuningKeys(project)
-    table = Table(title=f"tuning records ({_shown(project, records_path(project))})")
-    widest = max((len(inst.name) for inst in instances), default=8)
-    for col in ("instance", "default", "tuned", "speed-up", "trials", "knobs", "record"):
-        table.add_column(
-            col,
-            justify="right" if col in ("default", "tuned", "trials") else "left",
-            no_wrap=col == "instance",  # never cut: two cut names cannot be told apart
-            min_width=widest if col == "instance" else None,
-        )
+    rows = []
     for inst in instances:
         record = records.get(inst.name)
         if record is None:
-            table.add_row(inst.name, "", "", "", "", "", "none")
+            rows.append((inst.name, "", "", "", "", "", "none"))
             continue
         knobs = " ".join(
             f"{s}.{k}={v}" for s in sorted(record.knobs) for k, v in record.knobs[s].items()
         )
-        table.add_row(
-            inst.name,
-            str(record.default_cycles),
-            str(record.tuned_cycles),
-            f"{record.speedup:.3f}x",
-            str(record.trials),
-            knobs or "(defaults)",
-            record_state(project, inst, record, keys),
+        rows.append(
+            (
+                inst.name,
+                str(record.default_cycles),
+                str(record.tuned_cycles),
+                f"{record.speedup:.3f}x",
+                str(record.trials),
+                knobs or "(defaults)",
+                record_state(project, inst, record, keys),
+            )
         )
+    table = Table(title=f"tuning records ({_shown(project, records_path(project))})")
+    widths = []
+    for i, col in enumerate(
+        ("instance", "default", "tuned", "speed-up", "trials", "knobs", "record")
+    ):
+        wraps = col in ("knobs", "record")  # lists of words; every other cell is one word
+        # a cell is never cut ("…"): two cut names or knobs cannot be told apart, so the
+        # one-word columns keep their width and the lists fold onto more lines
+        widths.append(max(len(col), 8 if wraps else max((len(r[i]) for r in rows), default=0)))
+        table.add_column(
+            col,
+            justify="right" if col in ("default", "tuned", "trials") else "left",
+            no_wrap=not wraps,
+            overflow="fold",
+            min_width=widths[-1],
+        )
+    for row in rows:
+        table.add_row(*row)
     tty = sys.stdout.isatty()
-    # piped: as wide as the rows need, so a script or a log reads every name and knob whole
-    Console(no_color=not tty, width=None if tty else 100_000).print(table)
+    console = Console(no_color=not tty, width=None if tty else 100_000)  # piped: rows whole
+    # a terminal narrower than the one-word columns gets wider lines, never cropped ones
+    console.width = max(console.width, sum(widths) + 3 * len(widths) + 1)
+    console.print(table)
     return 0
 
 

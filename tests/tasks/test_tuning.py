@@ -224,6 +224,38 @@ def test_show_piped_never_cuts_instance_names_or_knobs(project):
     )
 
 
+def test_show_on_a_narrow_terminal_folds_and_never_cuts(project, monkeypatch, capsys):
+    import re
+
+    from kiln import cli
+    from kiln.tune.records import TuningRecord, write_records
+
+    knobs = {"lir": {"double_buffer": True}, "visa": {"reduce_split": 4, "vector_tile": 65536}}
+    key = dict(graph="g", shape_set="small", dtype="f32", machine="m", options="o", compiler="c")
+    names = ["vector_add.small", "softmax.small", "gemm.small", "gemm.wide"]
+    write_records(
+        project / "tuning.jsonl",
+        {n: TuningRecord(instance=n, knobs=knobs, **key) for n in names},
+    )
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(project / ".cache"))
+    for columns in (80, 40):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        capsys.readouterr()
+        monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a terminal, as rich sees it
+        assert cli.main(["tune", "--show"]) == 0
+        out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+        rows = [line for line in out.splitlines() if line.startswith("│")]
+        assert "…" not in out
+        assert [r.split("│")[1].strip() for r in rows if r.split("│")[1].strip()] == names
+        # the knobs column, read down, holds every knob of every record: folded, not cut
+        knob_text = "".join(r.split("│")[6].strip() for r in rows)
+        assert knob_text == "lir.double_buffer=Truevisa.reduce_split=4visa.vector_tile=65536" * 4
+        assert all(line.endswith(("┓", "┃", "┩", "│", "┘")) for line in out.splitlines()[1:])
+        if columns == 80:  # wide enough for the one-word columns: the terminal's width
+            assert max(len(line) for line in out.splitlines()) == 80
+
+
 def test_a_bad_knob_in_tuning_jsonl_is_reported_at_its_line_not_pipeline_yaml(project):
     run_kiln(project, "tune", "vector_add", "--budget", "4", "--seed", "1", check=True)
     line = json.loads((project / "tuning.jsonl").read_text())
