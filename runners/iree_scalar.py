@@ -325,16 +325,33 @@ def _pow(b, node, args, t):
             if k < 30:
                 base = b.ins("arith.muli", base, base, t="i32")
         return result
-    # math.powf is exp(b*log(a)): NaN for a < 0. Take |a| and restore numpy's sign rule.
+    # math.powf is exp(e*log(a)): NaN for a < 0, and for 1**inf, 1**nan, x**0 with x
+    # 0, inf or nan. Take |a|, then restore numpy's (IEEE pow's) answers around it.
+    one, zero = b.const(1, "f32"), b.const(0, "f32")
     p = b.ins("math.powf", b.ins("math.absf", a), e)
-    is_int = b.op(f"arith.cmpf oeq, {b.ins('math.trunc', e)}, {e} : f32")
+    unit = b.op(f"arith.cmpf oeq, {b.ins('math.absf', a)}, {one} : f32")
+    p = b.op(f"arith.select {unit}, {one}, {p} : f32")  # |a| == 1: (-1)**nan is fixed below
+    is_int = b.op(f"arith.cmpf oeq, {b.ins('math.trunc', e)}, {e} : f32")  # false for nan
     half = b.ins("arith.mulf", e, b.const(0.5, "f32"))
     even = b.op(f"arith.cmpf oeq, {b.ins('math.trunc', half)}, {half} : f32")
-    signed = b.op(f"arith.select {even}, {p}, {b.ins('arith.negf', p)} : f32")
-    nan = b.const(float("nan"), "f32")
-    neg_result = b.op(f"arith.select {is_int}, {signed}, {nan} : f32")
-    negative = b.op(f"arith.cmpf olt, {a}, {b.const(0, 'f32')} : f32")
-    return b.op(f"arith.select {negative}, {neg_result}, {p} : f32")
+    odd = b.ins(
+        "arith.andi", is_int, b.ins("arith.xori", even, b.const(True, "bool"), t="i1"), t="i1"
+    )
+    sign = b.op(f"arith.cmpf olt, {b.ins('math.copysign', one, a)}, {zero} : f32")  # -0.0 too
+    flip = b.ins("arith.andi", sign, odd, t="i1")
+    p = b.op(f"arith.select {flip}, {b.ins('arith.negf', p)}, {p} : f32")
+    # a finite negative base to a non-integer power has no real value (-inf**0.5 is inf)
+    finite_neg = b.ins(
+        "arith.andi",
+        b.op(f"arith.cmpf olt, {a}, {zero} : f32"),
+        b.op(f"arith.cmpf one, {a}, {b.const(float('-inf'), 'f32')} : f32"),
+        t="i1",
+    )
+    not_int = b.ins("arith.xori", is_int, b.const(True, "bool"), t="i1")
+    undefined = b.ins("arith.andi", finite_neg, not_int, t="i1")
+    p = b.op(f"arith.select {undefined}, {b.const(float('nan'), 'f32')}, {p} : f32")
+    e_zero = b.op(f"arith.cmpf oeq, {e}, {zero} : f32")  # x**0 is 1 for every x, nan too
+    return b.op(f"arith.select {e_zero}, {one}, {p} : f32")
 
 
 _CMP_F = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}

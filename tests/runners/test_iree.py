@@ -295,6 +295,18 @@ def test_pow_of_negative_base_follows_numpy(runner):
     check(runner, b.graph(b.pow(x, e)), inputs)
 
 
+def test_pow_special_values_follow_numpy(runner):
+    """math.powf is exp(e*log|a|): it gave NaN for x**0, 1**inf, (-inf)**0.5 and lost -0.0."""
+    specials = np.array([np.nan, 1, -1, 0, -0.0, np.inf, -np.inf, 0.5, -2, 3, 2.5], np.float32)
+    x, e = (a.ravel() for a in np.meshgrid(specials, specials, indexing="ij"))
+    b = GraphBuilder("pow_specials")
+    graph = b.graph(b.pow(b.arg(x.shape), b.arg(e.shape)))
+    got = check(runner, graph, [x, e]).outputs[0]
+    want = run_graph(graph, [x, e])[0]
+    zeros = want == 0
+    np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))
+
+
 def test_conv2d_matches_oracle(runner):
     b = GraphBuilder("conv")
     x, w, w2 = b.arg((2, 9, 9, 3)), b.arg((3, 3, 3, 4)), b.arg((2, 2, 3, 5))
