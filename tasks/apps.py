@@ -279,13 +279,15 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
             hint=f"add `tests: [apps/tests/test_{name}.py]` to the app in pipeline.yaml",
         )
     tests = [project.root / t for t in plan.app.tests]
-    missing = [t for t in plan.app.tests if not (project.root / t).exists()]
+    missing = [i for i, t in enumerate(plan.app.tests) if not (project.root / t).exists()]
     if missing:
+        first = plan.app.tests[missing[0]]
         raise KilnError(
-            f"app {name!r}: test file {missing[0]!r} does not exist",
-            location=project.pipeline.locate(where, value=True),
+            f"app {name!r}: test file {first!r} does not exist",
+            # the item itself, as pipeline.md writes list items: apps.NAME.tests[0]
+            location=project.pipeline.locate(f"{where}[{missing[0]}]", value=True),
             expected=f"paths relative to {project.root}",
-            found=", ".join(missing),
+            found=", ".join(plan.app.tests[i] for i in missing),
         )
     try:
         import pytest

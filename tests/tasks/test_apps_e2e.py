@@ -312,3 +312,23 @@ def test_app_shapes_that_no_reached_kernel_declares_is_an_error(plain_project):
     assert "expected: one of: attention, default, mlp" in proc.stderr
     assert "hint: did you mean 'attention'?" in proc.stderr
     assert ran_tasks(proc) == []  # checked before building anything
+
+
+def test_a_missing_test_file_points_at_its_list_item(tmp_path):
+    root = make_project(tmp_path)
+    text = (root / "pipeline.yaml").read_text()
+    text = text.replace(
+        "  ghost:\n",
+        "  x3:\n    module: apps.mlp\n"
+        "    tests: [apps/tests/test_mlp.py, apps/tests/nope.py]\n  ghost:\n",
+    )
+    (root / "pipeline.yaml").write_text(text)
+    line = text.splitlines().index("    tests: [apps/tests/test_mlp.py, apps/tests/nope.py]") + 1
+    proc = run_kiln(root, "test", "x3", "--target", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[:2] == [
+        f"pipeline.yaml:{line}:37: error: app 'x3': test file 'apps/tests/nope.py' does not exist",
+        "  at key: apps.x3.tests[1]",
+    ]
+    assert "  found: apps/tests/nope.py" in proc.stderr
+    assert ran_tasks(proc) == []  # before building anything
