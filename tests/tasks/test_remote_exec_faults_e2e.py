@@ -23,11 +23,17 @@ from tests.tasks.test_remote_exec_e2e import free_port
 
 pytest.importorskip("distributed", reason="the dask executor needs kiln[distributed]")
 
-KERNEL = """from kiln import Tensor, device
+# Tracing sleeps, so that 300 instances surely take longer than the time it takes
+# the Ctrl-C test to see the first kernel.edf and send SIGINT (a loaded CI machine
+# once let the whole build finish in that time).
+KERNEL = """import time
+
+from kiln import Tensor, device
 
 
 @device
 def scale_add(x: Tensor["N"], y: Tensor["N"]):
+    time.sleep(0.03)
     return 2.0 * x + y
 """
 
@@ -86,6 +92,7 @@ def test_ctrl_c_during_a_local_cluster_build_says_interrupted_only(tmp_path):
     )
     try:
         wait_until(lambda: any((project / "build").rglob("kernel.edf")), 60)
+        assert proc.poll() is None, "the build ended before Ctrl-C: give it more instances"
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
