@@ -143,7 +143,7 @@ def logical_xor(a: Any, b: Any) -> Tensor:
 
 def full(shape: Any, fill_value: bool | float, dtype: Any = "f32") -> Tensor:
     """A tensor of ``shape`` holding ``fill_value`` (±inf allowed for float dtypes)."""
-    target = F.int_tuple(shape, "full") if shape != () else ()
+    target = F.shape_tuple(shape, "full") if shape != () else ()
     return F.broadcast_to(constant(fill_value, dtypes.normalize(dtype)), target)
 
 

@@ -233,7 +233,7 @@ def cast(x: Any, dtype: Any) -> Tensor:
 
 def broadcast_to(x: Any, shape: Any) -> Tensor:
     x = as_tensor(x, "broadcast_to")
-    target = int_tuple(shape, "broadcast_to")
+    target = shape_tuple(shape, "broadcast_to")
     try:
         ok = broadcast_shapes(x.shape, target) == target
     except OpTypeError:
@@ -389,6 +389,18 @@ def _pair(value: Any, name: str, least: int) -> tuple[int, int]:
             f"conv2d: {name} must be an int >= {least} or a pair of them, got {value!r}"
         )
     return pair
+
+
+def shape_tuple(value: Any, label: str) -> tuple[int, ...]:
+    """A shape to make: ints >= 1 (a kernel's tensors are never empty, as for slices)."""
+    shape = int_tuple(value, label)
+    if not builtins.all(d >= 1 for d in shape):
+        raise TraceError(
+            f"{label}: shape {shape} has a dim below 1: kernels cannot make empty tensors",
+            expected="dims >= 1",
+            found=str(shape),
+        )
+    return shape
 
 
 def int_tuple(value: Any, label: str) -> tuple[int, ...]:

@@ -88,7 +88,10 @@ def _arg(op: str, x: Any, axis: Any, keepdims: bool) -> Tensor:
         x, axis = shapes.flatten(x), 0
         if keepdims:
             raise TraceError(f"{op}: keepdims needs an axis")
-    (a,) = F.axes_of(x, axis, op)
+    axes = F.axes_of(x, axis, op)
+    if len(axes) != 1:  # numpy's argmax takes one axis too
+        raise TraceError(f"{op}: axis must be an int or None, got {axis!r}")
+    (a,) = axes
     n = x.shape[a]
     extreme = (F.max if op == "argmax" else F.min)(x, a, keepdims=True)
     hit = F.equal(x, extreme)

@@ -118,6 +118,22 @@ def _builder_of(tensors: list[Tensor]) -> Builder | None:
     return tensors[0]._builder
 
 
+# The bound pipeline.yaml puts on an argument: past it a tensor cannot exist on any target,
+# and the stages would spend minutes (and all memory) tiling it before saying so.
+MAX_TENSOR_BYTES = 4 * 2**30
+_ITEMSIZE = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "bool": 1}
+
+
+def _check_size(out: TensorType) -> None:
+    size = out.size * _ITEMSIZE.get(out.dtype, 4)
+    if size > MAX_TENSOR_BYTES:
+        raise TraceError(
+            f"a tensor of shape {out.shape} ({out.dtype}) would take {size / 2**30:,.0f} GiB",
+            expected=f"at most {MAX_TENSOR_BYTES // 2**30} GiB per tensor, as for arguments",
+            found=f"{out.size:,} elements",
+        )
+
+
 def apply(op: str, inputs: list[Tensor], **attrs: AttrValue) -> Tensor:
     """Type ``op`` with the op table, then evaluate it (eager) or record a node (traced)."""
     frozen = make_attrs(**attrs)
@@ -125,6 +141,7 @@ def apply(op: str, inputs: list[Tensor], **attrs: AttrValue) -> Tensor:
         out = infer(op, [t.type for t in inputs], dict(frozen))
     except OpTypeError as exc:
         raise TraceError(str(exc)) from None
+    _check_size(out)
     builder = _builder_of(inputs)
     if builder is None:
         return Tensor._eager(evaluate(op, [t._array for t in inputs], dict(frozen), out), out)

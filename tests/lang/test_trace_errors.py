@@ -159,6 +159,26 @@ def empty_slice(x: Tensor["N"]):
 
 
 @device
+def empty_full(x: Tensor["N"]):
+    return x.sum() + kiln.full((0, 4), 1.0).sum(axis=0)  # <- empty_full
+
+
+@device
+def negative_broadcast(x: Tensor["N"]):
+    return kiln.broadcast_to(x, (-1, 4))  # <- negative_broadcast
+
+
+@device
+def huge_tensor(x: Tensor["N"]):
+    return x + kiln.full((2**20, 2**20), 1.0).sum()  # <- huge_tensor
+
+
+@device
+def argmax_two_axes(x: Tensor["R", "C"]):
+    return kiln.argmax(x, axis=(0, 1))  # <- argmax_two_axes
+
+
+@device
 def floor_divide(a: Tensor["N"], b: Tensor["N"]):
     return a // b  # <- floor_divide
 
@@ -229,6 +249,10 @@ CASES = [
         "empty_slice",
         ["slice 100:200 of axis 0 (size 4) is empty: kernels cannot produce empty tensors"],
     ),
+    ("empty_full", "empty_full", ["full: shape (0, 4)", "cannot make empty tensors"]),
+    ("negative_broadcast", "negative_broadcast", ["broadcast_to: shape (-1, 4)", "dims >= 1"]),
+    ("huge_tensor", "huge_tensor", ["(1048576, 1048576)", "at most 4 GiB per tensor"]),
+    ("argmax_two_axes", "argmax_two_axes", ["argmax: axis must be an int or None, got (0, 1)"]),
     ("floor_divide", "floor_divide", ["`//` (floor_divide) is not a kiln op", "kiln.floor"]),
     ("remainder", "remainder", ["`%` (remainder) is not a kiln op"]),
     ("generator", "generator", ["kernel 'generator' is a generator", "found: a generator"]),
@@ -263,7 +287,7 @@ def test_errors_never_point_into_kiln(broken):
 
 def test_messages_carry_no_memory_address_and_no_reshape(broken):
     module, _ = broken
-    for kernel in ("generator", "returns_object", "empty_slice"):
+    for kernel in ("generator", "returns_object", "empty_slice", "argmax_two_axes"):
         with pytest.raises(TraceError) as info:
             trace(getattr(module, kernel), SIZES, "f32")
         text = info.value.render()
