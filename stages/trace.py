@@ -9,6 +9,7 @@ pointing at the kernel's own file and line.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -155,12 +156,18 @@ _STAMPS: dict[str, tuple[int, int]] = {}
 _IMPORTING = threading.RLock()
 
 
-def _stamp(module: ModuleType) -> tuple[int, int] | None:
+def _stamp(path: str | None) -> tuple[int, int] | None:
     try:
-        st = os.stat(module.__file__ or "")
+        st = os.stat(path or "")
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size)
+
+
+def _source_path(name: str) -> str | None:
+    """The file ``name`` would be imported from (imports its parent packages)."""
+    spec = importlib.util.find_spec(name)
+    return spec.origin if spec is not None else None
 
 
 def load_module(name: str) -> ModuleType:
@@ -170,13 +177,20 @@ def load_module(name: str) -> ModuleType:
 
 
 def _load_module(name: str) -> ModuleType:
+    # The stamp is taken before the import reads the file: a save landing while the
+    # module runs leaves a newer file than the stamp, so the next trace re-imports it.
+    # (Taken after, it matched the saved file and the old code stayed for good.)
+    stamp = None
     try:
         module = sys.modules.get(name)
         if module is None:
             importlib.invalidate_caches()
+            stamp = _stamp(_source_path(name))
             module = importlib.import_module(name)
-        elif name in _STAMPS and _stamp(module) != _STAMPS[name]:
-            module = importlib.reload(module)
+        else:
+            stamp = _stamp(module.__file__)
+            if name in _STAMPS and stamp != _STAMPS[name]:
+                module = importlib.reload(module)
     except SyntaxError as exc:
         line = exc.lineno
         raise TraceError(
@@ -206,7 +220,6 @@ def _load_module(name: str) -> ModuleType:
             hint="a kernel module must not exit when imported; "
             "guard script code with `if __name__ == '__main__':`",
         ) from None
-    stamp = _stamp(module)
     if stamp is not None:
         _STAMPS[name] = stamp
     return module

@@ -192,6 +192,27 @@ def test_edited_module_is_reimported(project):
     assert [n.op for n in second.nodes][-1] == "mul"
 
 
+def test_a_save_during_the_import_is_seen_by_the_next_trace(project):
+    # the module's body saves a new version of its file while it runs, as an editor
+    # saving mid-build would: the next trace must import that version
+    saves = """\
+import os
+from pathlib import Path
+
+_path = Path(__file__)
+_text = _path.read_text()
+if "EDIT" + "-ME" in _text:
+    _path.write_text(_text.replace("x + 1.0  # EDIT" + "-ME", "x * 3.0"))
+    _st = _path.stat()
+    os.utime(_path, ns=(_st.st_atime_ns, _st.st_mtime_ns + 1_000_000_000))
+"""
+    module, _ = project("saved_mid_import", saves + GOOD.replace("x + 1.0", "x + 1.0  # EDIT-ME"))
+    first = stage.run(request(module), stage.Options(), None)
+    second = stage.run(request(module), stage.Options(), None)
+    assert [n.op for n in first.nodes][-1] == "add"
+    assert [n.op for n in second.nodes][-1] == "mul"
+
+
 def test_threads_tracing_one_module_wait_for_its_import(project):
     # the module sits in sys.modules before its body has run; a second thread
     # must not read it half-run (a Dask build taking chains back to run locally)
