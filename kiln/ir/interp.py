@@ -105,7 +105,10 @@ def _div(a, b):
 def _pow(a, b):
     if a.dtype.kind == "i":
         return np.power(a, np.maximum(b, 0))
-    return np.power(a, b)
+    # numpy's loop for a broadcast (stride-0) exponent differs from its contiguous one at
+    # special values ((-inf) ** 0.5 is nan there, inf here): the sim hands in broadcast
+    # views, the eager path contiguous arrays, so both are made contiguous here.
+    return np.power(np.asarray(a, order="C"), np.asarray(b, order="C"))
 
 
 def _conv2d(x, w, attrs):

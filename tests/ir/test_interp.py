@@ -71,3 +71,18 @@ def test_bf16_to_i32_of_nan_inf_and_out_of_range_matches_f16_and_f32():
             x = values.astype(NUMPY_DTYPES[dtype])
         got = evaluate("cast", [x], {"dtype": "i32"}, TensorType((7,), "i32"))
         np.testing.assert_array_equal(got, want, err_msg=dtype)
+
+
+def test_pow_gives_the_same_bits_for_a_broadcast_exponent():
+    """The sim reads a constant exponent as a stride-0 view; numpy's loop for that case
+    computed (-inf) ** 0.5 as sqrt (nan) and (-0.0) ** 0.5 as -0.0, unlike the oracle."""
+    base = np.array([-np.inf, -0.0, 4.0, -2.0, np.inf], np.float32)
+    for e in (0.5, 2.0, -1.0, 3.0):
+        view = np.broadcast_to(np.float32(e), base.shape)
+        want = evaluate(
+            "pow", [base, np.full(base.shape, e, np.float32)], {}, TensorType((5,), "f32")
+        )
+        got = evaluate("pow", [base, view], {}, TensorType((5,), "f32"))
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert got[0] == np.float32(-np.inf) ** 3  # (-inf) ** 3, from the last exponent
