@@ -18,7 +18,7 @@ from kiln.brokenpipe import guard_stdout
 from kiln.cli_help import DOIT_COMMANDS, SUMMARIES
 from kiln.cli_parser import build_parser, subcommands
 from kiln.errors import Abort, KilnError, environment_error
-from kiln.interrupts import INTERRUPTED
+from kiln.interrupts import INTERRUPTED, note_interrupts
 from kiln.logconfig import setup_logging, verbosity
 
 # Kiln's own commands: "module:function" called with the parsed arguments
@@ -48,6 +48,7 @@ DOIT_USAGE_ERROR = 3  # doit's exit status for a bad command line: Kiln's is 2
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     guard_stdout()
+    note_interrupts()
     setup_logging()
     fmt = _message_format(argv)
     try:

@@ -160,10 +160,11 @@ def dodo_namespace(start: Path | None = None) -> dict:
     from kiln.tasks.doit_commands import patch_plain_doit
 
     from kiln.brokenpipe import guard_stdout
-    from kiln.interrupts import quiet_interrupt_traceback
+    from kiln.interrupts import note_interrupts, quiet_interrupt_traceback
 
     guard_stdout()
     quiet_interrupt_traceback()
+    note_interrupts()
     setup_logging()
     patch_plain_doit()
     with exit_on_user_error():

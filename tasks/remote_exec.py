@@ -18,10 +18,11 @@ import hashlib
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 import threading
 
-from kiln.tasks.cached import resolved_options, stage_key
+from kiln.tasks.cached import resolved_options, sources_identity, stage_key
 from kiln.tasks.digest import stage_module_info
 from kiln.tasks.executor import DISTRIBUTED_HINT, scheduler_host_port
 
@@ -115,9 +116,27 @@ def _probe(address: str) -> None:
 
 def _local_client(executor: dict):
     """A LocalCluster of ``workers`` processes, quiet: no dashboard, no logs, no Ctrl-C."""
+    from multiprocessing import resource_tracker
+
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(
+    # Ctrl-C reaches every process of the terminal's group, and a worker still
+    # importing when it lands prints a KeyboardInterrupt traceback. The cluster's
+    # loop thread, made here, starts the workers: with SIGINT blocked in it, they
+    # are born with it blocked (fork and exec keep the mask), while the build's
+    # main thread still takes Ctrl-C. (The resource tracker unblocks SIGINT in the
+    # thread that first starts it: started here first, it leaves the mask alone.)
+    resource_tracker.ensure_running()
+    unblock = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        cluster = _local_cluster(executor, LocalCluster)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblock)
+    return Client(cluster)
+
+
+def _local_cluster(executor: dict, LocalCluster):
+    return LocalCluster(
         n_workers=max(int(executor.get("workers") or 1), 1),
         threads_per_worker=1,
         processes=True,
@@ -130,7 +149,6 @@ def _local_client(executor: dict):
         # build's to handle; the workers are stopped when the cluster closes
         preload=["kiln.tasks.chain_worker"],
     )
-    return Client(cluster)
 
 
 def _connect_error(executor: dict, exc: Exception) -> KilnError:
@@ -287,6 +305,7 @@ def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
     Returns the outputs by action key, so the caller writes them without
     reading them back from the store; empty when the chain was not built there.
     """
+    sent = sources_identity(spec)
     payload, chain = chain_payload(spec)
     client = dask_client(spec["executor"])
     if client is None:
@@ -311,6 +330,9 @@ def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
             f"a Dask worker runs different Kiln code: {result['refused']}",
             hint=STALE_WORKERS_HINT,
         )
+    if sources_identity(spec) != sent:
+        # a kernel file saved while the chain was out: its key would name the new bytes
+        return {}  # and the outputs are of the old ones; the trace runs here instead
     outputs = result["outputs"]
     graph_digest = payload.get("graph_sha256")
     if "trace" in spec and outputs:

@@ -67,3 +67,36 @@ def test_ctrl_c_during_plain_doit_compile_prints_no_traceback(project):
     assert "Traceback" not in out + err, err[-2000:]
     assert "kiln: interrupted" in err
     assert build.returncode in (-signal.SIGINT, 130)
+
+
+NOTED = """
+import os, signal
+from kiln.interrupts import interrupted, note_interrupts
+from kiln.cache.remote import warn
+note_interrupts()
+warn("before Ctrl-C")
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a point where the handler runs
+    raised = False
+except KeyboardInterrupt:
+    raised = True
+print(raised, interrupted())
+warn("after Ctrl-C: a worker it killed")
+"""
+
+
+def test_a_noted_ctrl_c_still_raises_and_silences_later_warnings():
+    proc = subprocess.run([sys.executable, "-c", NOTED], capture_output=True, text=True)
+    assert proc.stdout == "True True\n"
+    assert proc.stderr == "kiln: warning: before Ctrl-C\n"
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    code = (
+        "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "from kiln.interrupts import note_interrupts\nnote_interrupts()\n"
+        "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout == "True\n"

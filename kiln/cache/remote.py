@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from kiln.cache.store import action_entry, parse_action_entry, sha256
 from kiln.errors import KilnError
+from kiln.interrupts import interrupted
 
 DISTRIBUTED_EXTRA = "pip install 'kiln[distributed]'"
 # Backends whose single PUT is atomic: no temp key needed.
@@ -26,7 +27,13 @@ ATOMIC_PUT = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
 
 
 def warn(text: str) -> None:
-    """A warning on the real stderr: doit swaps sys.stdout/sys.stderr inside actions."""
+    """A warning on the real stderr: doit swaps sys.stdout/sys.stderr inside actions.
+
+    None after Ctrl-C: what fails then (a worker killed by it, a connection
+    cut) is the interrupt's doing, and the build says only that it was interrupted.
+    """
+    if interrupted():
+        return
     stream = sys.__stderr__ or sys.stderr
     print(f"kiln: warning: {text}", file=stream, flush=True)
 

@@ -122,3 +122,25 @@ def _group_alive(pgid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads signal masks in /proc")
+def test_local_cluster_workers_are_born_with_ctrl_c_blocked():
+    # Ctrl-C during the cluster's start used to kill a worker mid-import, which
+    # printed a KeyboardInterrupt traceback; the workers must be born deaf to it
+    from kiln.tasks import remote_exec
+
+    client = remote_exec._local_client({"workers": 1})
+    try:
+        blocked = [_blocked_signals(pid) for pid in client.run(os.getpid).values()]
+    finally:
+        remote_exec._close(client)
+    assert len(blocked) == 1
+    assert all(mask & (1 << (signal.SIGINT - 1)) for mask in blocked), blocked
+    # ... while the build's own threads still take it
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def _blocked_signals(pid: int) -> int:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(line for line in lines if line.startswith("SigBlk:")).split()[1], 16)
