@@ -150,7 +150,12 @@ def _add_build_commands(sub) -> None:
     _package(c)
     _shapes(c)
     c.add_argument(
-        "-n", "--process", type=int, default=None, metavar="N", help="build with N parallel jobs"
+        "-n",
+        "--process",
+        type=parallel_jobs,
+        default=None,
+        metavar="N",
+        help="build with N parallel jobs (0 or 1: in this process)",
     )
     _build_flags(c)
     for kind in DUMP_FLAGS:
@@ -325,25 +330,25 @@ def _add_check_commands(sub) -> None:
     u.add_argument(
         "-n",
         "--process",
-        type=_trial_workers,
+        type=parallel_jobs,
         default=None,
         metavar="N",
-        help="price N trials in parallel (default 1: in this process)",
+        help="price N trials in parallel (0 or 1, the default: in this process)",
     )
     add_executor_flags(u)
     u.add_argument("--force", action="store_true", help="tune again even if a record is current")
     u.add_argument("--show", action="store_true", help="print the records instead of tuning")
 
 
-def _trial_workers(text: str) -> int:
-    """argparse ``type=`` of tune's -n: 0 or fewer parallel trials would price nothing."""
+def parallel_jobs(text: str) -> int:
+    """argparse ``type=`` of -n, for builds and tuning alike: 0 and 1 both mean this process."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
+        value = -1
+    if value < 0:
         raise argparse.ArgumentTypeError(
-            f"expected a whole number of parallel trials, 1 or more (1: in this process), "
+            f"expected a whole number of parallel jobs, 0 or more (0 or 1: in this process), "
             f"found {text!r}"
         )
     return value

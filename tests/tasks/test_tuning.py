@@ -67,14 +67,16 @@ def test_tune_compile_rerun_and_stale(project):
 def test_bad_tune_input_is_one_message(project):
     proc = run_kiln(project, "tune", "vector_add", "--budget", "0")
     assert proc.returncode == 2 and "--budget must be at least 1" in proc.stderr
-    for n in ("0", "-2"):  # no worker to price a trial on: a usage error, nothing tuned
-        proc = run_kiln(project, "tune", "vector_add", "-n", n)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr
-        assert (
-            "kiln tune: error: argument -n/--process: expected a whole number of parallel "
-            f"trials, 1 or more (1: in this process), found '{n}'" in proc.stderr
-        )
-        assert not (project / "tuning.jsonl").exists()
+    for command in ("tune", "compile"):
+        for n in ("-2", "two"):  # a usage error, nothing tuned or built
+            proc = run_kiln(project, command, "vector_add", "-n", n)
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr
+            assert (
+                f"kiln {command}: error: argument -n/--process: expected a whole number of "
+                f"parallel jobs, 0 or more (0 or 1: in this process), found '{n}'" in proc.stderr
+            )
+            assert not (project / "tuning.jsonl").exists()
+            assert not (project / "build").exists()
     (project / "tuning.jsonl").write_text('{"instance": 3\n')
     proc = run_kiln(project, "tune", "vector_add")
     assert proc.returncode == 2
