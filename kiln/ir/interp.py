@@ -75,8 +75,8 @@ def kiln_dtype(dtype: np.dtype) -> str:
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
-    """Half-precision floats are computed in f32."""
-    if x.dtype in (NUMPY_DTYPES["f16"], NUMPY_DTYPES["bf16"]):
+    """Half-precision floats are computed in f32 (asking by name imports no ml_dtypes)."""
+    if NUMPY_DTYPES.name_of(x.dtype) in ("f16", "bf16"):
         return x.astype(np.float32)
     return x
 
