@@ -131,8 +131,32 @@ def resolved_options(spec: dict) -> dict:
     return tuned_options(spec["tuning"], spec["stage"], spec["options"])
 
 
+SOURCE_TRIES = 3
+
+
+def sources_identity(spec: dict) -> tuple:
+    """(size, mtime, inode) of each kernel source a trace reads: () for later stages."""
+    return tuple(_stat(p) for p in spec.get("sources", ()))
+
+
 def fetch_or_run(spec: dict, run) -> str:
     """Write the stage's artifact from the store, or ``run(spec)`` and store what it wrote."""
+    if "trace" not in spec:
+        return _fetch_or_run(spec, run, ())
+    # A kernel file saved while its trace runs: the graph may be of either version, yet
+    # its key and doit's record of the sources (taken once the action ends) are of the
+    # new one, so the old graph would pass as built (and be stored for the new source).
+    # Trace again until the sources hold still: each try costs milliseconds.
+    for _ in range(SOURCE_TRIES):
+        before = sources_identity(spec)
+        how = _fetch_or_run(spec, run, before)
+        if sources_identity(spec) == before:
+            break
+    return how
+
+
+def _fetch_or_run(spec: dict, run, sources: tuple) -> str:
+    """``fetch_or_run``; ``sources``: the trace's sources as keyed, else nothing is stored."""
     settings = spec.get("cache")
     if not settings or not settings.get("enabled") or spec["dumps"]:
         run(spec)
@@ -183,6 +207,8 @@ def fetch_or_run(spec: dict, run) -> str:
         _settled.update(settled)  # only once the manifest lists them
         return how
     side = run(spec) or []
+    if sources_identity(spec) != sources:
+        return COMPILED  # traced from other bytes than the key's: never stored under it
     try:
         found, sources = {}, {}
         for name, path in [("artifact", artifact)] + [

@@ -223,3 +223,41 @@ def test_a_clone_fetches_the_rest_of_a_chain_in_one_remote_trip(tmp_path, monkey
         assert open(spec["artifact"], "rb").read() == f"{spec['stage']} bytes".encode()
     # the task's own action, then the lir and schedule actions together
     assert len(trips) == 2, trips
+
+
+def test_a_source_saved_during_its_trace_is_traced_again_and_never_stored_under_its_key(
+    tmp_path,
+):
+    import os
+
+    from kiln.tasks.cached import fetch_or_run, stage_key
+
+    from kiln.cache.config import CacheConfig
+    from kiln.cache.store import LocalStore
+    from kiln.fsutil import write_bytes_atomic
+
+    source = tmp_path / "k.py"
+    source.write_text("version 1")
+    config = CacheConfig(local_dir=str(tmp_path / "store"))
+    spec = {"root": str(tmp_path), "instance": "k.small", "stage": "trace", "stage_index": 0}
+    spec.update(module="kiln.stages.trace", options={}, machine={}, dumps=[])
+    spec.update(trace={"module": "k", "function": "k"}, sources=[str(source)])
+    spec.update(artifact=str(tmp_path / "out" / "graph.json"), cache=config.to_dict())
+    key_v1 = stage_key(spec)
+    traced = []
+
+    def trace(spec):
+        if not traced:  # an editor saves after the key was made, before the import reads
+            source.write_text("version 2!")
+            st = source.stat()
+            os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        traced.append(source.read_text())
+        write_bytes_atomic(spec["artifact"], f"graph of {traced[-1]}".encode())
+
+    assert fetch_or_run(spec, trace) == "compiled"
+    # traced again once the file held still: the artifact and doit's record agree
+    assert traced == ["version 2!", "version 2!"]
+    assert (tmp_path / "out" / "graph.json").read_text() == "graph of version 2!"
+    store = LocalStore(config.local_dir)
+    assert store.lookup(key_v1) is None  # version 2's graph is not version 1's
+    assert store.lookup(stage_key(spec)) == {"artifact": b"graph of version 2!"}

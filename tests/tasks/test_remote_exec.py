@@ -192,3 +192,46 @@ def test_an_unwritable_store_costs_a_dask_build_its_cache_not_the_chain(fresh, t
     assert (tmp_path / "out" / "kernel.lir").read_bytes() == b"lir bytes"
     assert (tmp_path / "out" / "kernel.sched").read_bytes() == b"sched bytes"
     assert "cannot be written" in caplog.text
+
+
+def test_a_source_saved_while_its_chain_is_out_is_never_stored_under_its_key(fresh, tmp_path):
+    """The key of a chain back from Dask is made from the files as they are now: a kernel
+    saved meanwhile would file the old version's graph under the new version's key."""
+    import os
+
+    from kiln.tasks.cached import fetch_or_run, stage_key
+
+    from kiln.cache.config import CacheConfig
+    from kiln.cache.store import LocalStore
+
+    source = tmp_path / "k.py"
+    source.write_text("version 1")
+    config = CacheConfig(local_dir=str(tmp_path / "store"))
+    executor = {"kind": "dask", "address": "tcp://h:8786", "workers": 1, "source": "--scheduler"}
+    spec = {"root": str(tmp_path), "instance": "k.small", "stage": "trace", "stage_index": 0}
+    spec.update(module="kiln.stages.trace", options={}, machine={}, dumps=[], executor=executor)
+    spec.update(trace={"module": "k", "function": "k"}, sources=[str(source)])
+    spec.update(artifact=str(tmp_path / "out" / "graph.json"), cache=config.to_dict())
+    spec["chain"] = [spec]
+
+    class Batcher:
+        def run(self, payload):
+            (sent,) = payload["sources"].values()
+            if sent == b"version 1":  # saved while the worker traces what was sent
+                source.write_text("version 2!")
+                st = source.stat()
+                os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+            return {"outputs": [{"artifact": b"graph of " + sent}]}
+
+    fresh.setattr(remote_exec, "dask_client", lambda executor: FakeClient())
+    fresh.setattr(chain_batches, "batcher_for", lambda client: Batcher())
+
+    def trace_here(spec):  # what the chain sent back was of the old bytes: traced here
+        from kiln.fsutil import write_bytes_atomic
+
+        write_bytes_atomic(spec["artifact"], b"graph of " + source.read_bytes())
+
+    fetch_or_run(spec, trace_here)
+    assert (tmp_path / "out" / "graph.json").read_bytes() == b"graph of version 2!"
+    stored = LocalStore(config.local_dir).lookup(stage_key(spec))
+    assert stored == {"artifact": b"graph of version 2!"}
