@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kiln.tasks.actions import DIAGNOSTIC_MARK
 
+from kiln.interrupts import interrupted
 from kiln.logconfig import verbosity
 
 # task name -> diagnostic (a dict) or plain message, of the last run in this process
@@ -236,6 +237,7 @@ class KilnReporter:
                         "not_run": len(self.blocked),
                         "skipped": [{"task": n, "reason": r} for n, r in self.skipped],
                         "failed_tasks": [name for name, _ in self.failures],
+                        **({"interrupted": True} if interrupted() else {}),
                     }
                 )
                 + "\n"
@@ -257,8 +259,10 @@ class KilnReporter:
         cache_part = (
             f" ({fetched} fetched, {counts['compiled']} compiled)" if any(counts.values()) else ""
         )
+        # after Ctrl-C the counts are of the tasks done so far, not of the build
+        what = f"interrupted after {total} tasks" if interrupted() else f"{total} tasks"
         self._write(
-            f"kiln: {total} tasks: {len(self.ran)} ran, {self.uptodate} up to date, "
+            f"kiln: {what}: {len(self.ran)} ran, {self.uptodate} up to date, "
             f"{len(self.failures)} failed{blocked}{cache_part} "
             f"in {time.monotonic() - self.t0:.1f} s\n"
         )

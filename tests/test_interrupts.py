@@ -67,6 +67,8 @@ def test_ctrl_c_during_plain_doit_compile_prints_no_traceback(project):
     assert "Traceback" not in out + err, err[-2000:]
     assert "kiln: interrupted" in err
     assert build.returncode in (-signal.SIGINT, 130)
+    # the summary counts what was done so far, and says so
+    assert out.splitlines()[-1].startswith("kiln: interrupted after "), out[-500:]
 
 
 NOTED = """
