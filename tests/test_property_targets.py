@@ -2,13 +2,14 @@
 
 A kernel is a short random program in the kernel language over
 ``x: [R, C]``, ``y: [C]`` and ``w: [C, N]`` (sizes 1..48): elementwise
-chains, operands broadcast from a row vector, a scalar or a reduction,
-matmuls (with ``w``, ``w.T`` or ``v.T @ v``) and an optional final
-reduction, in f32, f16, bf16 or i32. It is traced, lowered by the stage
-modules in-process (trace -> visa -> lir -> schedule -> edf, for npu-v1
-and npu-tiny), encoded and decoded as an EDF, run on the sim and compared
-with the eager @device call under the per-dtype tolerance of
-``kiln test``; separately compiled and run by IREE on the CPU.
+chains (unary ops, casts, transposes, flips), operands broadcast from a row
+vector, a scalar on either side or a reduction, matmuls (with ``w``, ``w.T``,
+``v.T @ v`` or a broadcast operand) and an optional final reduction (sums,
+products, argmax, var, logsumexp; keepdims), in f32, f16, bf16 or i32. It is
+traced, lowered by the stage modules in-process (trace -> visa -> lir ->
+schedule -> edf, for npu-v1 and npu-tiny), encoded and decoded as an EDF, run
+on the sim and compared with the eager @device call under the per-dtype
+tolerance of ``kiln test``; separately compiled and run by IREE on the CPU.
 
 Examples are derandomized (same inputs on every run, no example
 database), so CI sees the same programs every time.
@@ -49,6 +50,23 @@ UNARY = {
     "sqrt-abs": (lambda v: abs(v).sqrt(), FLOATS),
     "rsqrt": (lambda v: (abs(v) + 1).rsqrt(), FLOATS),
     "gelu": (lambda v: v.gelu(), FLOATS),
+    "erf": (kiln.erf, FLOATS),
+    "expm1-tanh": (lambda v: kiln.expm1(v.tanh()), FLOATS),
+    "log1p-abs1": (lambda v: kiln.log1p(abs(v)), FLOATS),
+    "softplus": (kiln.softplus, FLOATS),
+    "silu": (kiln.silu, FLOATS),
+    "pow-const": (lambda v: (abs(v) + 0.5) ** 1.5, FLOATS),
+    "floor": (lambda v: kiln.floor(v * 3), None),
+    "ceil": (lambda v: kiln.ceil(v * 3), None),
+    "round": (lambda v: kiln.round(v * 3), None),
+    "sign": (kiln.sign, None),
+    "square": (kiln.square, None),
+    "clip": (lambda v: kiln.clip(v, -0.5, 2), None),
+    "transpose": (lambda v: v.T, None),
+    "flip": (lambda v: v[::-1], None),
+    "to-f16": (lambda v: v.astype("float16"), None),
+    "to-bf16": (lambda v: v.astype("bfloat16"), None),
+    "to-i32": (lambda v: (v * 4).astype("int32"), None),
 }
 BINARY = {
     "add": (lambda a, b: a + b, None),
@@ -58,9 +76,15 @@ BINARY = {
     "min": (kiln.minimum, None),
     "where": (lambda a, b: kiln.where(a > b, a, b), None),
     "div": (lambda a, b: a / (abs(b) + 1), FLOATS),
+    "pow": (lambda a, b: kiln.tanh(abs(a)) ** kiln.tanh(b), FLOATS),
+    "compare": (lambda a, b: (a >= b) + (a != b), None),
 }
-PARTNERS = ("self", "x", "y", "scalar", "row-sum", "col-max")
-FINAL = ("none", "sum-rows", "max-cols", "mean-rows", "min-all")
+PARTNERS = ("self", "x", "y", "scalar", "row-sum", "col-max", "bcast-y", "scalar-left")
+FINAL = (
+    *("none", "sum-rows", "max-cols", "mean-rows", "min-all", "sum-cols-keep", "prod-rows"),
+    *("argmax-rows", "var-cols", "logsumexp-rows"),
+)
+FLOAT_FINALS = ("mean-rows", "var-cols", "logsumexp-rows")
 
 
 @dataclass(frozen=True)
@@ -90,10 +114,10 @@ def recipes(draw) -> Recipe:
         st.tuples(
             st.just("binary"), st.sampled_from(_valid(BINARY, dtype)), st.sampled_from(PARTNERS)
         ),
-        st.tuples(st.just("matmul"), st.sampled_from(("w", "gram")), st.just("")),
+        st.tuples(st.just("matmul"), st.sampled_from(("w", "gram", "bcast-y")), st.just("")),
     )
     steps = tuple(draw(st.lists(step, min_size=1, max_size=5)))
-    finals = [f for f in FINAL if not (dtype == "i32" and f.startswith("mean"))]
+    finals = [f for f in FINAL if not (dtype == "i32" and f in FLOAT_FINALS)]
     return Recipe(dtype, sizes, steps, draw(st.sampled_from(finals)))
 
 
@@ -116,12 +140,18 @@ def make_kernel(recipe: Recipe):
             "y": lambda: y,
             "row-sum": lambda: v.sum(axis=-1, keepdims=True),
             "col-max": lambda: v.max(axis=0, keepdims=True),
+            "bcast-y": lambda: kiln.broadcast_to(y, (dims["R"], dims["C"])),
         }
         if name in candidates:
             p = candidates[name]()
             if _broadcastable(v.shape, p.shape):
                 return p
         return scalar
+
+    def binary(op: str, other: str, v, x, y):
+        if other == "scalar-left":  # the Python number on the left: 3 - v, max(0.75, v)
+            return BINARY[op][0](scalar, v)
+        return BINARY[op][0](v, partner(other, v, x, y))
 
     @device
     def prop(x: Tensor["R", "C"], y: Tensor["C"], w: Tensor["C", "N"]):
@@ -130,9 +160,11 @@ def make_kernel(recipe: Recipe):
             if kind == "unary":
                 v = UNARY[op][0](v)
             elif kind == "binary":
-                v = BINARY[op][0](v, partner(other, v, x, y))
+                v = binary(op, other, v, x, y)
             elif op == "gram":
                 v = v.T @ v
+            elif op == "bcast-y" and v.shape[-1] == dims["C"]:  # a broadcast as an operand
+                v = v @ w + kiln.broadcast_to(y, v.shape) @ w
             elif v.shape[-1] == dims["C"]:
                 v = v @ w
             elif v.shape[-1] == dims["N"]:
@@ -145,6 +177,16 @@ def make_kernel(recipe: Recipe):
             v = v.mean(axis=-1, keepdims=True)
         elif recipe.final == "min-all":
             v = v.min(axis=(0, 1))
+        elif recipe.final == "sum-cols-keep":
+            v = v.sum(axis=-2, keepdims=True)
+        elif recipe.final == "prod-rows":
+            v = (v.tanh() if v.dtype in FLOATS else v).prod(axis=-1)  # no overflow in floats
+        elif recipe.final == "argmax-rows":
+            v = kiln.argmax(v, axis=-1)
+        elif recipe.final == "var-cols":
+            v = v.var(axis=0, ddof=1) if v.shape[0] > 1 else v.var(axis=0)
+        elif recipe.final == "logsumexp-rows":
+            v = kiln.logsumexp(v, axis=-1)
         return v
 
     return prop
