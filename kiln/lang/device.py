@@ -130,7 +130,16 @@ class DeviceFunction:
     def _inline(self, args: tuple, kwargs: dict) -> Any:
         """One kernel calling another with tensors: run the body in place."""
         bound = self._bind(args, kwargs)
-        check_dims(self, {n: v.shape for n, v in bound.arguments.items() if isinstance(v, Tensor)})
+        try:
+            check_dims(
+                self, {n: v.shape for n, v in bound.arguments.items() if isinstance(v, Tensor)}
+            )
+        except TraceError as exc:  # the call passed the wrong shapes: point at the call
+            where = exc.location
+            exc.location = None  # filled in from the traceback: the caller's line
+            if where is not None:
+                exc.notes.append(f"{self.__name__!r} declares its arguments at {where.header()}")
+            raise
         return self.fn(*bound.args, **bound.kwargs)
 
     def _bind(self, args: tuple, kwargs: dict) -> inspect.BoundArguments:

@@ -159,6 +159,11 @@ def empty_slice(x: Tensor["N"]):
 
 
 @device
+def call_mismatch(a: Tensor["N"], b: Tensor["M"]):
+    return pair(a, b) * 2  # <- call_mismatch
+
+
+@device
 def empty_full(x: Tensor["N"]):
     return x.sum() + kiln.full((0, 4), 1.0).sum(axis=0)  # <- empty_full
 
@@ -248,6 +253,11 @@ CASES = [
         "empty_slice",
         "empty_slice",
         ["slice 100:200 of axis 0 (size 4) is empty: kernels cannot produce empty tensors"],
+    ),
+    (
+        "call_mismatch",
+        "call_mismatch",
+        ["dim 'N' is 4 in argument 'a' but 5 in argument 'b'", "'pair' declares its arguments"],
     ),
     ("empty_full", "empty_full", ["full: shape (0, 4)", "cannot make empty tensors"]),
     ("negative_broadcast", "negative_broadcast", ["broadcast_to: shape (-1, 4)", "dims >= 1"]),
