@@ -19,8 +19,10 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +113,7 @@ def acquire(state_dir: Path, *, wait: bool | None = None, command: str | None = 
         if fd is not None:
             _record_holder(fd, command)
             _held[key] = [fd, 1]
+            _end_on_sigterm()
             return
         holder = read_holder(path)
         if holder is not None and holder.is_dead():
@@ -152,6 +155,8 @@ def release(state_dir: Path) -> None:
         with contextlib.suppress(OSError):
             os.ftruncate(entry[0], 0)  # a clean release leaves no holder behind
         os.close(entry[0])
+        if not _held:
+            _default_sigterm()
 
 
 def holds_lock(state_dir: Path) -> bool:
@@ -218,6 +223,33 @@ def _break_stale(path: Path, holder: Holder) -> None:
                 os.unlink(path)
     finally:
         os.close(guard)
+
+
+def _end_on_sigterm() -> None:
+    """While this process holds a lock, SIGTERM ends it as Ctrl-C does.
+
+    CI cancels, ``timeout`` and ``kill`` send SIGTERM, whose default ends the
+    process where it stands: doit never saved what the build had done (the
+    next build redid all of it), temp files stayed, and a LocalCluster's
+    semaphores were reported leaked. As a KeyboardInterrupt it stops cleanly.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set a handler
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # leave anyone's own handler
+        signal.signal(signal.SIGTERM, _sigterm)
+
+
+def _sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    raise KeyboardInterrupt
+
+
+def _default_sigterm() -> None:
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is _sigterm
+    ):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _close_in_child() -> None:

@@ -199,3 +199,49 @@ def test_killed_parallel_build_leaves_no_worker_and_no_lock(project):
     after = run_kiln(project, "compile", "--no-wait", timeout=120)
     assert after.returncode == 0, after.stderr
     assert snapshot(project) == reference
+
+
+SLOW_KERNEL = """\
+import time
+
+from kiln import Tensor, device
+
+
+@device
+def slow_add(a: Tensor["N"]):
+    time.sleep(0.4)  # at trace time: the build is surely mid-task when it is stopped
+    return a + 1.0
+"""
+
+
+def test_sigterm_stops_a_build_as_ctrl_c_does(project):
+    # CI cancels and `timeout` send SIGTERM: by default it killed the build where it
+    # stood, doit never saved what was built (the next build redid it all) and
+    # temp files stayed behind
+    (project / "kernels" / "slow.py").write_text(SLOW_KERNEL)
+    pipeline = project / "pipeline.yaml"
+    sets = "".join(f"      s{n}: {{N: {64 * (n + 1)}}}\n" for n in range(6))
+    pipeline.write_text(
+        pipeline.read_text().replace("kernels:\n", f"kernels:\n  slow_add:\n    shapes:\n{sets}", 1)
+    )
+    env = dict(os.environ, KILN_CACHE="0")
+    build = subprocess.Popen(
+        [sys.executable, "-m", "kiln", "compile"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out = project / "build" / "kiln" / "kernel" / "slow_add"
+    deadline = time.monotonic() + 60
+    while not list(out.glob("*/kernel.edf")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    build.terminate()
+    _, err = build.communicate(timeout=60)
+    assert build.returncode == 130, err
+    assert "kiln: interrupted" in err and "Traceback" not in err
+    assert not [p for p in (project / "build").rglob("*") if p.name.endswith(".tmp")]
+    again = run_kiln(project, "compile", "--no-wait", env=env, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert re.search(r"tasks: \d+ ran, [1-9]\d* up to date", again.stdout), again.stdout
