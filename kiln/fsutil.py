@@ -150,7 +150,22 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return True  # exists, owned by someone else
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and only waits to be reaped (Linux; False elsewhere).
+
+    A killed build's -n worker is reparented to PID 1, which in many containers
+    never reaps it: its pid stays taken, and its temp files stayed for good.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) state ...": comm may hold spaces and parentheses, the last ")" ends it
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"Z"
 
 
 def file_digest(path: str | os.PathLike) -> str:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+
+import pytest
 
 from kiln.fsutil import remove_stale_tmp, writer_pid
 
@@ -32,3 +35,21 @@ def test_stale_temp_files_go_and_live_ones_stay(tmp_path):
         (tmp_path / name).write_text("x")
     remove_stale_tmp(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live, "kernel.edf", "user.tmp"])
+
+
+def test_a_dead_writer_not_yet_reaped_leaves_no_temp_file(tmp_path):
+    # a killed build's worker, reparented to a PID 1 that never reaps it (many
+    # containers): its pid still answers kill(pid, 0), yet it writes nothing more
+    if not os.path.exists("/proc/self/stat"):
+        pytest.skip("needs Linux /proc")
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 10
+        while b") Z" not in open(f"/proc/{child.pid}/stat", "rb").read():
+            assert time.monotonic() < deadline
+        stale = tmp_path / f".kernel.lir.{child.pid}.0123abcd.tmp"
+        stale.write_bytes(b"half")
+        remove_stale_tmp(tmp_path)
+        assert not stale.exists()
+    finally:
+        child.wait()
