@@ -46,7 +46,9 @@ def run_stage(spec: dict):
             # the kernel whose compile failed: its shapes and options live there
             kernel = spec["instance"].split(".")[0]
             err.location = _pipeline_location(spec, [f"kernels.{kernel}"])
-        err.notes.append(f"while running stage {spec['stage']!r} of {spec['instance']}")
+        err.notes.append(
+            f"while running stage {spec['stage']!r} of {spec['instance']}{_bindings(spec)}"
+        )
         return failure(err)
     except OSError as exc:  # full disk, permissions, a file where a directory belongs
         from kiln.errors import environment_error
@@ -64,6 +66,12 @@ def run_stage(spec: dict):
         )
         return failure(err)
     return {"cache": how}
+
+
+def _bindings(spec: dict) -> str:
+    """' (M=4, N=5)': the shape set's sizes, beside a trace error they may have caused."""
+    bindings = spec.get("trace", {}).get("bindings") or ()
+    return " (" + ", ".join(f"{k}={v}" for k, v in bindings) + ")" if bindings else ""
 
 
 def _run(spec: dict) -> list[str]:

@@ -60,6 +60,8 @@ def test_broken_kernel_is_reported_and_every_other_kernel_builds(project):
     assert full.stderr.count("FAILED ") == 1  # one diagnostic, not one per later stage
     assert "FAILED compile:broken_matmul.small.trace" in full.stderr
     assert "kernels/broken.py:8:12: error: matmul inner dimensions differ" in full.stderr
+    # the shape set's sizes, which made the dims differ, beside the error
+    assert "while running stage 'trace' of broken_matmul.small (M=8, K=16, N=32)" in full.stderr
     assert "Traceback" not in full.stderr + full.stdout
     assert "kiln: 1 failed:\n  compile:broken_matmul.small.trace (" in full.stderr
     assert "20 ran, 0 up to date, 1 failed, 4 not run (an input failed)" in full.stdout
