@@ -24,10 +24,15 @@ def note_interrupts() -> None:
         return  # ignored, or someone's own handler: leave it
 
     def handler(signum, frame):
-        _interrupted.set()
+        mark_interrupted()
         signal.default_int_handler(signum, frame)
 
     signal.signal(signal.SIGINT, handler)
+
+
+def mark_interrupted() -> None:
+    """Say the build is being stopped (Ctrl-C, or SIGTERM taken as one)."""
+    _interrupted.set()
 
 
 def interrupted() -> bool:

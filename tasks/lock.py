@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.errors import KilnError
+from kiln.interrupts import mark_interrupted
 
 LOCK_FILE = "lock"
 POLL_SECONDS = 0.2
@@ -241,6 +242,7 @@ def _end_on_sigterm() -> None:
 
 def _sigterm(signum, frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    mark_interrupted()
     raise KeyboardInterrupt
 
 
@@ -258,6 +260,7 @@ def _close_in_child() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     _held.clear()
+    _default_sigterm()  # nor does it stop as the build does: SIGTERM ends it
 
 
 if hasattr(os, "register_at_fork"):

@@ -245,3 +245,22 @@ def test_sigterm_stops_a_build_as_ctrl_c_does(project):
     again = run_kiln(project, "compile", "--no-wait", env=env, timeout=120)
     assert again.returncode == 0, again.stderr
     assert re.search(r"tasks: \d+ ran, [1-9]\d* up to date", again.stdout), again.stdout
+
+
+def test_sigterm_is_the_builds_only_while_it_holds_the_lock_and_never_a_forked_childs(tmp_path):
+    import signal
+
+    from kiln.interrupts import interrupted
+
+    acquire(tmp_path)
+    try:
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        pid = os.fork()
+        if pid == 0:  # a forked worker: SIGTERM must end it, not raise in it
+            os._exit(0 if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not interrupted()
+    finally:
+        release(tmp_path)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
