@@ -13,10 +13,23 @@ import os
 import sys
 
 from kiln.errors import KilnError
+from kiln.interrupts import interrupted
 
 _configured = False
 VERBOSITY_ENV = "KILN_VERBOSITY"
 VERBOSITY_LEVELS = {"0": 0, "1": 1, "2": 2}  # -q, the default, -v
+
+
+def warn(text: str) -> None:
+    """A warning on the real stderr: doit swaps sys.stdout/sys.stderr inside actions.
+
+    None after Ctrl-C: what fails then (a worker killed by it, a connection
+    cut) is the interrupt's doing, and the build says only that it was interrupted.
+    """
+    if interrupted():
+        return
+    stream = sys.__stderr__ or sys.stderr
+    print(f"kiln: warning: {text}", file=stream, flush=True)
 
 
 def get_logger(name: str) -> logging.Logger:

@@ -271,6 +271,22 @@ def _short(exc: Exception) -> str:
     return re.split(r"[;:] please", text)[0]
 
 
+_warned_unwritable: set[str] = set()
+
+
+def _unwritable_cache(directory: Path, exc: OSError) -> None:
+    """Say once per directory that compiled vmfbs cannot be kept; the run goes on."""
+    if str(directory) in _warned_unwritable:
+        return
+    _warned_unwritable.add(str(directory))
+    from kiln.logconfig import warn
+
+    warn(
+        f"the iree cache {directory} cannot be written ({exc.strerror or exc}): "
+        "compiling without keeping the vmfbs; set KILN_CACHE_DIR to a writable directory"
+    )
+
+
 class IreeRunner(Runner):
     """Runs a kernel's graph through IREE (llvm-cpu by default; cuda/rocm where present)."""
 
@@ -324,25 +340,24 @@ class IreeRunner(Runner):
             if vmfb is not None:
                 try:
                     function = _load(runtime, device, vmfb, graph)
-                    write_bytes_atomic(path, vmfb)
                     metrics.update(cache="fetched", compile_s=0.0)
-                except OSError:
-                    function = None  # a full local disk: compile as if nothing was fetched
                 except Exception:  # noqa: BLE001  verified bytes IREE refuses: compile again
                     function = None
+                if function is not None:
+                    try:
+                        write_bytes_atomic(path, vmfb)
+                    except OSError as exc:  # a full or read-only disk: run it, keep nothing
+                        _unwritable_cache(path.parent, exc)
+                        metrics["vmfb"] = None
         if function is None:
             vmfb, seconds = compile_graph(graph, config, mlir)
             if shared is not None:
                 _store_vmfb(shared, key, vmfb)
             try:
                 write_bytes_atomic(path, vmfb)
-            except OSError as exc:
-                raise TargetError(
-                    f"cannot write the iree cache {path.parent}: {exc.strerror or exc}",
-                    expected="a writable directory (KILN_CACHE_DIR, default ~/.cache/kiln)",
-                    found=str(exc.filename or path),
-                    hint="set KILN_CACHE_DIR to a writable directory",
-                ) from None
+            except OSError as exc:  # the vmfb is in hand: run it, keep nothing
+                _unwritable_cache(path.parent, exc)
+                metrics["vmfb"] = None
             function = _load(runtime, device, vmfb, graph)
             metrics.update(cache="miss", compile_s=seconds)
         return IreePrepared(graph, path, function, device, metrics)

@@ -196,7 +196,7 @@ def give_up(executor: dict, client, reason: str, no_workers: bool = False) -> No
             del _clients[key]
     from kiln.tasks.chain_batches import ClusterLost, batcher_for
 
-    from kiln.cache.remote import warn
+    from kiln.logconfig import warn
 
     where = executor.get("address") or "LocalCluster"
     if no_workers:
@@ -366,7 +366,7 @@ def _warn_once(exc: Exception) -> None:
         if id(exc) in _warned:
             return
         _warned.add(id(exc))
-    from kiln.cache.remote import warn
+    from kiln.logconfig import warn
 
     warn(f"Dask could not build a batch of chains ({printable_reason(exc)}); building them here")
 

@@ -74,7 +74,7 @@ def test_ctrl_c_during_plain_doit_compile_prints_no_traceback(project):
 NOTED = """
 import os, signal
 from kiln.interrupts import interrupted, note_interrupts
-from kiln.cache.remote import warn
+from kiln.logconfig import warn
 note_interrupts()
 warn("before Ctrl-C")
 try:

@@ -12,30 +12,17 @@ from __future__ import annotations
 import os
 import queue
 import secrets
-import sys
 import threading
 import time
 from collections.abc import Callable
 
 from kiln.cache.store import action_entry, parse_action_entry, sha256
 from kiln.errors import KilnError
-from kiln.interrupts import interrupted
+from kiln.logconfig import warn
 
 DISTRIBUTED_EXTRA = "pip install 'kiln[distributed]'"
 # Backends whose single PUT is atomic: no temp key needed.
 ATOMIC_PUT = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
-
-
-def warn(text: str) -> None:
-    """A warning on the real stderr: doit swaps sys.stdout/sys.stderr inside actions.
-
-    None after Ctrl-C: what fails then (a worker killed by it, a connection
-    cut) is the interrupt's doing, and the build says only that it was interrupted.
-    """
-    if interrupted():
-        return
-    stream = sys.__stderr__ or sys.stderr
-    print(f"kiln: warning: {text}", file=stream, flush=True)
 
 
 def open_filesystem(url: str, timeout: float):

@@ -159,13 +159,13 @@ class CacheSession:
         if self.warned_unwritable:
             return
         self.warned_unwritable = True
-        from kiln.logconfig import get_logger
+        from kiln.logconfig import warn
 
-        get_logger("cache").warning(
-            "the artifact cache %s cannot be written (%s): building without storing; "
-            "set KILN_CACHE_DIR to a writable directory, or KILN_CACHE=0 to turn it off",
-            self.config.local_dir,
-            exc.strerror or exc,
+        # on the real stderr: a logger's message from inside an action went to doit's capture
+        warn(
+            f"the artifact cache {self.config.local_dir} cannot be written "
+            f"({exc.strerror or exc}): building without storing; set KILN_CACHE_DIR "
+            "to a writable directory, or KILN_CACHE=0 to turn it off"
         )
 
 

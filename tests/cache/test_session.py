@@ -54,13 +54,17 @@ def test_a_worker_process_writes_the_fetched_action_at_once(tmp_path):
     assert found == {"artifact": b"lir bytes"}
 
 
-def test_an_unwritable_local_store_warns_once_and_the_fetch_still_serves(tmp_path):
+def test_an_unwritable_local_store_warns_once_and_the_fetch_still_serves(tmp_path, capfd):
     blocker = tmp_path / "local"
     blocker.write_text("a file where the store's directory should be")
     session = _session(tmp_path, _team(tmp_path, b"bytes"))
     assert session.lookup(KEY)[0] == {"artifact": b"bytes"}
     session.flush()
     assert session.warned_unwritable
+    session.store_failed(NotADirectoryError(20, "Not a directory"))  # said once only
+    # on the real stderr: a log record from inside a doit action was never seen
+    err = capfd.readouterr().err
+    assert err.count("kiln: warning: the artifact cache") == 1, err
 
 
 def test_one_session_per_configuration(tmp_path):

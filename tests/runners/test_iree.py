@@ -551,3 +551,18 @@ def test_example_kernels_match_oracle(runner, fn, shapes, dtypes, tolerance):
             for d, (rtol, atol) in TOLERANCE.items()
         }
     check(runner, graph, inputs, tolerance=per_dtype)
+
+
+def test_an_unwritable_cache_compiles_without_keeping_and_warns_once(
+    runner, tmp_path, monkeypatch, capfd
+):
+    (tmp_path / "a-file").write_text("where the cache goes\n")
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "a-file"))
+    for name in ("unkept1", "unkept2"):
+        graph = _small_graph(name)
+        prepared = runner.prepare(KernelArtifacts(graph.name, graph, Path(".")))
+        assert prepared.metrics["cache"] == "miss" and prepared.metrics["vmfb"] is None
+        check(runner, graph)
+    err = capfd.readouterr().err
+    assert err.count("kiln: warning: the iree cache") == 1, err
+    assert f"{tmp_path / 'a-file' / 'iree'} cannot be written (Not a directory)" in err
