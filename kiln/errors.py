@@ -207,7 +207,20 @@ def environment_error(exc: OSError, doing: str | None = None) -> EnvironmentProb
     return EnvironmentProblem(
         message,
         Location(str(path)) if path else None,
-        hint=_OS_HINTS.get(code, "fix the file system problem above and run again"),
+        hint=_state_dir_hint(path, code)
+        or _OS_HINTS.get(code, "fix the file system problem above and run again"),
+    )
+
+
+def _state_dir_hint(path, code: str) -> str | None:
+    """.kiln/ sits beside pipeline.yaml, and neither out_dir nor KILN_CACHE_DIR moves it."""
+    if code not in ("EROFS", "EACCES", "EPERM") or path is None:
+        return None
+    if ".kiln" not in os.path.normpath(os.fspath(path)).split(os.sep):
+        return None
+    return (
+        "Kiln keeps the project's build state in .kiln/ beside pipeline.yaml: "
+        "make it writable, or build in a writable copy of the project"
     )
 
 

@@ -74,6 +74,11 @@ def test_os_errors_say_what_to_do():
     assert environment_error(OSError(errno.EEXIST, "File exists", ".kiln")).hint.startswith(
         "a file is in the way"
     )
+    # neither out_dir nor KILN_CACHE_DIR moves .kiln/: the hint must not send the user there
+    lock = environment_error(OSError(errno.EROFS, "Read-only file system", "/p/.kiln/lock"))
+    assert "KILN_CACHE_DIR" not in lock.hint and ".kiln/ beside pipeline.yaml" in lock.hint
+    out = environment_error(OSError(errno.EROFS, "Read-only file system", "/p/build/x.edf"))
+    assert "out_dir / KILN_CACHE_DIR" in out.hint
 
 
 def test_an_os_error_on_a_temp_file_names_the_file_being_written():
