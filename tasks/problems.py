@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kiln.errors import KilnError, TargetError
+from kiln.errors import KilnError, TargetError, TraceError
 
 PREFIX = "problem:"
 
@@ -258,7 +258,16 @@ def bench_problem(name: str, args: argparse.Namespace) -> list[dict]:
 
     problem = PROBLEMS[name](args)
     kernel = make_kernel(name, problem.body, problem.shapes)
-    graph = trace(kernel, {}, problem.dtype)
+    try:
+        graph = trace(kernel, {}, problem.dtype)
+    except TraceError as err:
+        # the body is Kiln's own: what failed is the sizes the flags gave, not a kernel line
+        raise KilnError(
+            f"kiln bench {PREFIX}{name}: {err.message}",
+            expected=err.expected,
+            found=err.found,
+            hint="pick smaller sizes",
+        ) from None
     _check_bytes(name, graph)
     inputs = random_inputs(name, [(a.shape, a.dtype) for a in graph.args])
     runner = _runner(args.target, args.device)

@@ -89,7 +89,9 @@ warn("after Ctrl-C: a worker it killed")
 
 
 def test_a_noted_ctrl_c_still_raises_and_silences_later_warnings():
-    proc = subprocess.run([sys.executable, "-c", NOTED], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", NOTED], capture_output=True, text=True, preexec_fn=answer_ctrl_c
+    )
     assert proc.stdout == "True True\n"
     assert proc.stderr == "kiln: warning: before Ctrl-C\n"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_kiln
+from tests.support.ctrl_c import answer_ctrl_c
 from tests.support.polling import wait_until
 from tests.tasks.test_remote_exec_e2e import free_port
 
@@ -89,6 +90,7 @@ def test_ctrl_c_during_a_local_cluster_build_says_interrupted_only(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=answer_ctrl_c,  # a run started in the background ignores SIGINT
     )
     try:
         wait_until(lambda: any((project / "build").rglob("kernel.edf")), 60)
