@@ -140,6 +140,15 @@ def remote_url_problem(url: str, *, protocols: bool = True) -> tuple[str, str] |
         return f"it names no location after {scheme}://", f"write {scheme}://<where>"
     if not scheme.islower() and scheme.lower() in ("file", "s3", "s3a", "gs", "gcs", "memory"):
         return f"scheme {scheme!r} is not lower case", f"write {scheme.lower()}://{rest}"
+    if scheme in ("file", "local") and not rest.startswith("/"):
+        # fsspec reads file://mnt/x as ./mnt/x: each clone would fill a private "team" cache
+        host, _, path = rest.partition("/")
+        absolute = "/" + (path if host == "localhost" else rest)
+        return (
+            f"{scheme}:// needs an absolute path, and {rest!r} would be a directory "
+            "under the directory the build runs in",
+            f"write {scheme}://{absolute} (three slashes)",
+        )
     if not protocols or importlib.util.find_spec("fsspec") is None:
         return None  # require_remote_support names the extra
     from fsspec.registry import known_implementations, registry

@@ -125,6 +125,19 @@ def test_unusable_remote_urls_are_named_once(url, problem):
     assert found is not None and problem in found[0]
 
 
+@pytest.mark.parametrize(
+    "url, hint",
+    [
+        ("file://mnt/team-cache", "file:///mnt/team-cache"),
+        ("file://localhost/mnt/team-cache", "file:///mnt/team-cache"),
+    ],
+)
+def test_a_file_url_with_two_slashes_is_refused_not_a_cache_inside_the_clone(url, hint):
+    # fsspec would resolve it under the working directory: every clone its own "team" cache
+    found = remote_url_problem(url, protocols=False)
+    assert found is not None and "needs an absolute path" in found[0] and hint in found[1]
+
+
 @pytest.mark.parametrize("url", ["file:///mnt/team-cache", "/mnt/team-cache", "s3://b/prefix"])
 def test_usable_remote_urls_pass(url):
     assert remote_url_problem(url) is None
