@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     guard_stdout()
     note_interrupts()
-    setup_logging()
     fmt = _message_format(argv)
     try:
+        setup_logging()  # a bad KILN_LOG_FILE is a KilnError: one message, no traceback
         return _main(argv)
     except KilnError as err:
         _print_error(err, fmt)

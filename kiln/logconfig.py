@@ -41,13 +41,21 @@ def setup_logging() -> None:
     global _configured
     if _configured or os.environ.get("KILN_LOG_INFO") != "1":
         return
-    dest = os.environ.get("KILN_LOG_FILE", "stderr")
+    dest = os.environ.get("KILN_LOG_FILE", "").strip() or "stderr"  # empty: the default
     if dest == "stdout":
         handler: logging.Handler = logging.StreamHandler(sys.stdout)
     elif dest == "stderr":
         handler = logging.StreamHandler(sys.stderr)
     else:
-        handler = logging.FileHandler(dest)
+        try:
+            handler = logging.FileHandler(dest)
+        except OSError as exc:
+            raise KilnError(
+                "KILN_LOG_FILE cannot be opened for the logs",
+                expected="stdout, stderr, or the path of a file Kiln may write (appended to)",
+                found=f"{dest}: {exc.strerror or type(exc).__name__}",
+                hint="point KILN_LOG_FILE at a writable file, or unset it (logs go to stderr)",
+            ) from None
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
     logger = logging.getLogger("kiln")
     logger.addHandler(handler)

@@ -165,9 +165,9 @@ def dodo_namespace(start: Path | None = None) -> dict:
     guard_stdout()
     quiet_interrupt_traceback()
     note_interrupts()
-    setup_logging()
     patch_plain_doit()
     with exit_on_user_error():
+        setup_logging()  # a bad KILN_LOG_FILE is one message here too
         verbosity()  # a bad KILN_VERBOSITY is one message here, not the reporter's traceback
         project = Project.find(start)
         # plain doit: the lock is held until the process exits; a busy lock with

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import run_kiln
+from tests.conftest import REPO, run_kiln
 
 
 def test_doit_commands_pass_through(project):
@@ -204,6 +204,28 @@ def test_log_info_to_a_file(project):
     text = log.read_text()
     assert "kiln.tasks INFO: loaded" in text
     assert "vector_add.small trace: wrote" in text
+
+
+def test_an_unwritable_log_file_is_one_error_for_kiln_and_doit(project):
+    env = {"KILN_LOG_INFO": "1", "KILN_LOG_FILE": str(project / "no-dir" / "kiln.log")}
+    (project / "dodo.py").write_text((REPO / "dodo.py").read_text())
+    doit = subprocess.run(
+        [sys.executable, "-m", "doit", "list"],
+        cwd=project,
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+    )
+    for proc in (run_kiln(project, "status", env=env), doit):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "error: KILN_LOG_FILE cannot be opened for the logs" in proc.stderr
+        assert "no-dir/kiln.log: No such file or directory" in proc.stderr
+
+
+def test_an_empty_log_file_means_stderr(project):
+    proc = run_kiln(project, "list", env={"KILN_LOG_INFO": "1", "KILN_LOG_FILE": ""})
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "kiln.tasks INFO: loaded" in proc.stderr
 
 
 def test_dump_mlir_writes_the_iree_input(project):
