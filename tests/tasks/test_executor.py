@@ -198,3 +198,14 @@ def test_n_zero_with_dask_is_rejected_naming_the_flag(clean_env):
     args = argparse.Namespace(executor=None, scheduler=None, process=None)
     apply_executor_flags(args)  # -n not given: the default, and args.process is 0 again
     assert args.process == 0
+
+
+def test_dask_with_the_store_turned_off_is_an_error_not_a_silent_local_build(clean_env):
+    # chains reach Dask only through the store: KILN_CACHE=0 built everything here, unsaid
+    pytest.importorskip("distributed")
+    clean_env.setenv("KILN_CACHE", "0")
+    err = error_of({"kind": "dask", "address": "tcp://127.0.0.1:1"})
+    assert "KILN_CACHE" in err.message and err.found == "KILN_CACHE=0"
+    # kiln tune gets its trials back from Dask directly: the store may be off
+    found = resolve_executor({"kind": "dask"}, ".", via_store=False)
+    assert found is not None and found["kind"] == "dask"
