@@ -42,8 +42,18 @@ def artifact_error(exc: EdfFormatError, path: str | os.PathLike) -> ArtifactErro
         location=Location(str(path)),
         expected=None if exc.expected is None else str(exc.expected),
         found=None if exc.found is None else str(exc.found),
-        hint="rebuild it, or check how it was copied",
+        hint=HINTS.get(exc.check, "rebuild it, or check how it was copied"),
     )
+
+
+# Not every failed check means damage: rebuilding cannot help with another file type or
+# with a file from a newer Kiln
+NEWER = "written by a Kiln that knows a newer EDF format: read it with that Kiln, or rebuild it"
+HINTS = {
+    "magic": "kiln inspect reads EDF binaries: the edf stage's kernel.edf in the out dir",
+    "version": NEWER,
+    "flags": NEWER,
+}
 
 
 def render(path: str | os.PathLike) -> str:

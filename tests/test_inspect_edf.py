@@ -64,6 +64,23 @@ def test_damaged_file_is_an_artifact_error_naming_file_and_check(edf_path, damag
     assert err.value.location.file == str(edf_path)
 
 
+@pytest.mark.parametrize(
+    "damage, hint",
+    [
+        (lambda raw: b"\x83\xa7pr" + raw[4:], "kiln inspect reads EDF binaries"),
+        (lambda raw: raw[:4] + b"\x02" + raw[5:], "newer EDF format"),
+        (lambda raw: raw[:6] + b"\x01" + raw[7:], "newer EDF format"),
+        (lambda raw: raw[:-1] + bytes([raw[-1] ^ 1]), "rebuild it"),
+    ],
+)
+def test_the_hint_fits_the_check_rebuilding_helps_only_damage(edf_path, damage, hint):
+    # a kernel.sched or a newer Kiln's binary is not damaged: "rebuild it" misled
+    edf_path.write_bytes(damage(edf_path.read_bytes()))
+    with pytest.raises(ArtifactError) as err:
+        render(edf_path)
+    assert hint in err.value.hint
+
+
 def test_missing_file_is_an_artifact_error(tmp_path):
     with pytest.raises(ArtifactError) as err:
         render(tmp_path / "nope.edf")
