@@ -77,6 +77,7 @@ def _main(argv: list[str]) -> int:
     if flags.get("help") or not rest:
         print(build_parser().format_help(), end="")
         return 0
+    _check_leading_options(rest)
     command = rest[0]
     # own commands take -v/-q after the command too; doit's own -v/-q there are doit's
     _one_verbosity(argv if command in OWN_COMMANDS else argv[: len(argv) - len(rest)])
@@ -163,6 +164,49 @@ def _check_command(word: str) -> None:
         return
     raise _unknown_command(
         word, f"`kiln help` lists the commands; a FILTER follows one, as in `kiln compile {word}`"
+    )
+
+
+def _check_leading_options(rest: list[str]) -> None:
+    """Options before the command go to doit's `run` (`kiln -n 2 compile`).
+
+    One that `run` does not take is most often a Kiln command's option written
+    too early (`kiln -x compile`): say where it goes, not doit's list of its options.
+    """
+    from doit.cmd_base import DoitCmdBase
+    from doit.cmd_run import Run
+
+    valued, flags = set(), set()
+    for opt in (*DoitCmdBase.base_options, *Run.cmd_options):
+        names = {f"-{opt['short']}" if opt["short"] else "", f"--{opt['long']}"} - {"", "--"}
+        (flags if opt["type"] is bool else valued).update(names)
+    i = 0
+    while i < len(rest) and rest[i].startswith("-") and rest[i] != "--":
+        word = rest[i]
+        name = word.split("=", 1)[0] if word.startswith("--") else word[:2]
+        if name not in flags | valued:
+            raise _misplaced_option(word, rest[:i], rest[i + 1 :])
+        attached = "=" in word if word.startswith("--") else len(word) > 2
+        i += 2 if name in valued and not attached else 1
+
+
+def _misplaced_option(word: str, before: list[str], after: list[str]) -> KilnError:
+    command = next((w for w in after if w in OWN_COMMANDS), None)
+    if command is None:
+        return KilnError(
+            f"unknown option '{word}' before the command",
+            expected="kiln [-v|-q] [-f PATH] COMMAND [OPTIONS]: a command's options follow it",
+            found=word,
+            hint="`kiln help` lists the commands; `kiln help COMMAND` their options",
+        )
+    at = after.index(command)
+    moved = [*before, word, *after[:at]]
+    fixed = " ".join(["kiln", command, *moved, *after[at + 1 :]])
+    return KilnError(
+        f"{word} comes before the command `{command}`: a command's options follow it",
+        expected=f"kiln [-v|-q] [-f PATH] {command} [OPTIONS]",
+        found=" ".join(["kiln", *before, word, *after]),
+        hint=f"write `{fixed}`",
     )
 
 

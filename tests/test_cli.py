@@ -429,6 +429,24 @@ def test_verbose_and_quiet_together_is_one_usage_error(capsys, clean_env, argv, 
     assert "expected: at most one of -v/--verbose and -q/--quiet" in err
 
 
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["-x", "compile"], "write `kiln compile -x`"),
+        (["--target", "sim", "test", "gemm"], "write `kiln test --target sim gemm`"),
+        (["-n", "2", "--no-wait", "compile"], "write `kiln compile -n 2 --no-wait`"),
+        (["-n2", "--bogus"], "`kiln help` lists the commands"),
+    ],
+)
+def test_a_kiln_option_before_the_command_says_where_it_goes(
+    capsys, clean_env, tmp_path, monkeypatch, argv, hint
+):
+    monkeypatch.chdir(tmp_path)  # said before any project is looked for
+    rc, out, err = _main(capsys, *argv)
+    assert rc == 2 and out == ""
+    assert "CmdOption" not in err and hint in err
+
+
 @pytest.mark.parametrize("value", ["abc", "7", "-1", "1.5"])
 def test_a_bad_kiln_verbosity_names_the_variable_and_the_levels(
     capsys, clean_env, tmp_path, monkeypatch, value
