@@ -79,12 +79,7 @@ def _view(args: argparse.Namespace) -> int:
     if args.compare is not None:
         from kiln.report.compare import compare, format_compare
 
-        if not args.compare.is_dir():
-            raise KilnError(
-                f"--compare: {args.compare} is not a directory",
-                expected="the out dir of another build (holding <kernel>/<shapes>/kernel.sched)",
-                found=str(args.compare),
-            )
+        _check_compare_dir(project, args.compare)
         diff = compare(Path(project.out_dir), args.compare, _selected_names(args, instances))
         sys.stdout.write(format_compare(diff))
     with writing("-o/--output", out) if args.output is not None else nullcontext():
@@ -95,6 +90,32 @@ def _view(args: argparse.Namespace) -> int:
 
         webbrowser.open(out.resolve().as_uri())
     return 0
+
+
+def _check_compare_dir(project, other: Path) -> None:
+    """``other`` must hold a build: a checkout's root compared as "everything added"."""
+    from kiln.report.compare import SCHEDULE
+
+    expected = f"the out dir of another build (holding <kernel>/<shapes>/{SCHEDULE})"
+    if not other.is_dir():
+        raise KilnError(
+            f"--compare: {other} is not a directory", expected=expected, found=str(other)
+        )
+    if next(other.glob(f"*/*/{SCHEDULE}"), None) is not None:
+        return
+    hint = "point it at the out dir of a build (`kiln compile` writes it)"
+    out_dir = Path(project.out_dir)
+    if out_dir.is_relative_to(project.root):
+        # the other checkout's root: its out dir is likely where this project keeps its own
+        nested = other / out_dir.relative_to(project.root)
+        if next(nested.glob(f"*/*/{SCHEDULE}"), None) is not None:
+            hint = f"did you mean --compare {nested}?"
+    raise KilnError(
+        f"--compare: {other} holds no build",
+        expected=expected,
+        found=f"no {SCHEDULE} under {other}",
+        hint=hint,
+    )
 
 
 def _view_to_stdout(args: argparse.Namespace) -> int:

@@ -114,6 +114,13 @@ def test_compare_with_a_missing_dir_is_a_clear_error(built: Path, tmp_path: Path
     assert "Traceback" not in proc.stderr
 
 
+def test_compare_with_a_checkout_root_names_its_out_dir(built: Path):
+    # it held no <kernel>/<shapes>/kernel.sched: the report said every instance was "added"
+    proc = run_kiln(built, "view", "--compare", str(built))
+    assert proc.returncode == 2 and "holds no build" in proc.stderr, proc.stdout
+    assert f"did you mean --compare {built / 'build' / 'kiln' / 'kernel'}?" in proc.stderr
+
+
 def test_graph_formats_and_why(built: Path):
     proc = run_kiln(built, "graph", "gemm.small", "--format", "json", "--why", check=True)
     doc = json.loads(proc.stdout)
