@@ -48,7 +48,9 @@ def doit_config(project: Project, *, fail_fast: bool = False) -> dict:
 
 def fail_fast_requested() -> bool:
     """KILN_FAIL_FAST=1: stop at the first failure (for plain `doit` too)."""
-    return os.environ.get(FAIL_FAST_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    from kiln.cache.config import env_flag
+
+    return env_flag(FAIL_FAST_ENV, empty=False)  # a value neither on nor off is an error
 
 
 def doit_command(argv: list[str]) -> str | None:

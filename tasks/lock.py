@@ -68,7 +68,9 @@ class Holder:
 
 
 def no_wait_requested() -> bool:
-    return os.environ.get(NO_WAIT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    from kiln.cache.config import env_flag
+
+    return env_flag(NO_WAIT_ENV, empty=False)  # a value neither on nor off is an error
 
 
 def lock_path(state_dir: Path) -> Path:

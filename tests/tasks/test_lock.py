@@ -58,6 +58,22 @@ def test_busy_lock_without_wait_names_the_holder(tmp_path):
         holder.wait()
 
 
+@pytest.mark.parametrize("name", ["KILN_NO_WAIT", "KILN_FAIL_FAST"])
+def test_a_switch_that_is_neither_on_nor_off_is_an_error(monkeypatch, name):
+    from kiln.tasks.loader import fail_fast_requested
+    from kiln.tasks.lock import no_wait_requested
+
+    from kiln.errors import KilnError
+
+    read = {"KILN_NO_WAIT": no_wait_requested, "KILN_FAIL_FAST": fail_fast_requested}[name]
+    monkeypatch.setenv(name, "yes please")  # was taken as off without a word
+    with pytest.raises(KilnError, match=f"{name} is not on or off"):
+        read()
+    for value, on in (("1", True), ("ON", True), ("0", False), ("", False)):
+        monkeypatch.setenv(name, value)
+        assert read() is on
+
+
 def test_waiting_acquire_gets_the_lock_when_the_holder_exits(tmp_path, capsys):
     holder = start_holder(tmp_path, 0.5)
     acquire(tmp_path)
