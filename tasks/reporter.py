@@ -154,6 +154,8 @@ class KilnReporter:
         self._advance()
         if isinstance(fail, UnmetDependency):
             # its input failed and was reported: one diagnostic per failure, not per dependent
+            if not task.actions:  # a group task (plain `doit compile`'s): not a build step
+                return
             self.blocked.append(task.name)
             _last_blocked.append(task.name)
             return
