@@ -130,7 +130,9 @@ def _iree():
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln") / "iree"
+    from kiln.cache.store import default_cache_dir
+
+    return default_cache_dir() / "iree"
 
 
 def dump_mlir(graph: Graph, path: str | os.PathLike) -> Path:

@@ -53,7 +53,8 @@ def sha256(data: bytes) -> str:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln")
+    """$KILN_CACHE_DIR, else ~/.cache/kiln; ``~`` expanded, as a CI file's env: block leaves it."""
+    return Path(os.environ.get("KILN_CACHE_DIR") or "~/.cache/kiln").expanduser()
 
 
 @dataclass

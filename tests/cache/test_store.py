@@ -11,7 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from kiln.cache.store import LocalStore, parse_action_entry, sha256
+from kiln.cache.store import LocalStore, default_cache_dir, parse_action_entry, sha256
 from kiln.fsutil import stat_identity
 
 
@@ -22,6 +22,16 @@ def test_outputs_round_trip_by_content(tmp_path):
     assert store.blob_path(digests["artifact"]).read_bytes() == b"edf bytes"
     assert store.lookup("k" * 64) == {"artifact": b"edf bytes"}
     assert store.lookup("0" * 64) is None
+
+
+def test_a_tilde_in_kiln_cache_dir_is_the_home_directory(monkeypatch, tmp_path):
+    # a CI file's env: block passes ~ literally: the store went into ./~/ in the checkout
+    from kiln.runners.iree import cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KILN_CACHE_DIR", "~/ci-cache")
+    assert default_cache_dir() == tmp_path / "ci-cache"
+    assert cache_dir() == tmp_path / "ci-cache" / "iree"
 
 
 def test_a_bit_flipped_blob_is_dropped_and_never_returned(tmp_path):
