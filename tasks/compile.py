@@ -180,8 +180,11 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
             previous, previous_module = artifact, stage.module
 
 
-def _clean(directory: str, targets: list[str], out_root: str, state_dir: str) -> None:
-    clean_targets(directory, targets, out_root, state_dir)
+def _clean(
+    directory: str, targets: list[str], out_root: str, state_dir: str, dryrun: bool = False
+) -> None:
+    # doit runs a clean action under `clean -n` only when it takes `dryrun`: then it lists
+    clean_targets(directory, targets, out_root, state_dir, dryrun=dryrun)
 
 
 def _run_stage(spec: dict):

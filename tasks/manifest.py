@@ -335,22 +335,28 @@ def real_dir(path: Path, inside: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
-def clean_targets(directory: str, targets: list[str], stop: str, state_dir: str) -> None:
+def clean_targets(
+    directory: str, targets: list[str], stop: str, state_dir: str, *, dryrun: bool = False
+) -> None:
     """doit's clean for one compile task: delete what it wrote, as the manifest lists it.
 
     A target directory (``dumps/summary``) loses only the files Kiln wrote
     into it; a symlink is removed, never followed; empty directories go,
-    up to but never including ``stop`` (the out dir).
+    up to but never including ``stop`` (the out dir). ``dryrun`` only says
+    what would go.
     """
-    forget_index(state_dir)
     doc = read_doc(directory)
     files, sides = doc.get("files", {}), doc.get("sides", {})
+    if dryrun:
+        for target in targets:
+            for rel in _owned(directory, target, files, sides):
+                if os.path.lexists(path := os.path.join(directory, rel)):
+                    print(f"kiln: would remove {printable(relative_path(path))}")
+        return
+    forget_index(state_dir)
     for target in targets:
-        rel_target = os.path.relpath(target, directory)
-        owned = [r for r in files if r == rel_target or r.startswith(rel_target + os.sep)]
-        if os.path.islink(target) or (os.path.isfile(target) and rel_target not in owned):
-            owned.append(rel_target)  # the artifact itself, also when written before the manifest
-        owned += [side for side in sides.pop(rel_target, []) if not side.startswith("..")]
+        owned = _owned(directory, target, files, sides)
+        sides.pop(os.path.relpath(target, directory), None)
         for rel in owned:
             path = os.path.join(directory, rel)
             try:
@@ -368,3 +374,12 @@ def clean_targets(directory: str, targets: list[str], stop: str, state_dir: str)
         except OSError:
             pass
         _prune(directory, stop)
+
+
+def _owned(directory: str, target: str, files: dict, sides: dict) -> list[str]:
+    """What one target of a compile task stands for, relative to ``directory``."""
+    rel_target = os.path.relpath(target, directory)
+    owned = [r for r in files if r == rel_target or r.startswith(rel_target + os.sep)]
+    if os.path.islink(target) or (os.path.isfile(target) and rel_target not in owned):
+        owned.append(rel_target)  # the artifact itself, also when written before the manifest
+    return owned + [side for side in sides.get(rel_target, []) if not side.startswith("..")]
