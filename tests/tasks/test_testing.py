@@ -248,6 +248,17 @@ def test_doit_test_tasks_run_through_the_kiln_command(project):
     assert shadowed.returncode == 2 and "no kernel matches" in shadowed.stderr
 
 
+def test_a_skip_kiln_test_saved_never_makes_the_doit_test_task_up_to_date(project):
+    edit(project, "  sim: {runner: sim, machine: npu-v1}\n", "  board: {runner: npu}\n")
+    task = "test:vector_add.small@board"
+    assert "1 skipped (target unavailable)" in run_kiln(project, task, check=True).stdout
+    # kiln test keeps its skip in test-board.json, the file the doit task writes on a pass
+    assert run_kiln(project, "test", "vector_add.small", "--target", "board").returncode == 2
+    assert (project / OUT / "vector_add/small/test-board.json").is_file()
+    again = run_kiln(project, task, check=True).stdout
+    assert "0 ran, 5 up to date, 0 failed, 1 skipped (target unavailable)" in again
+
+
 def test_a_target_tolerance_in_the_pipeline_is_honoured(project):
     """`targets.<name>.tolerance` loosens every kernel on that target (a kernel's own wins)."""
     use_bad_visa(project)
