@@ -136,7 +136,7 @@ def _shapes(parser) -> None:
 
 
 def _seed(parser, what: str = "the random inputs") -> None:
-    parser.add_argument("--seed", type=int, default=0, help=f"seed of {what} (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help=f"seed of {what} (default 0)")
 
 
 def _add_build_commands(sub) -> None:
@@ -342,15 +342,22 @@ def _add_check_commands(sub) -> None:
 
 def parallel_jobs(text: str) -> int:
     """argparse ``type=`` of -n, for builds and tuning alike: 0 and 1 both mean this process."""
+    jobs = "a whole number of parallel jobs, 0 or more (0 or 1: in this process)"
+    return _whole_number(text, jobs)
+
+
+def seed(text: str) -> int:
+    """argparse ``type=`` of --seed: numpy's generators take no negative seed."""
+    return _whole_number(text, "a whole number, 0 or more")
+
+
+def _whole_number(text: str, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of parallel jobs, 0 or more (0 or 1: in this process), "
-            f"found {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"expected {expected}, found {text!r}")
     return value
 
 

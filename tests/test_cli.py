@@ -452,6 +452,14 @@ def test_a_kiln_option_before_the_command_says_where_it_goes(
     assert "CmdOption" not in err and hint in err
 
 
+@pytest.mark.parametrize("command", ["test", "run", "tune"])
+def test_a_negative_seed_is_a_usage_error(capsys, clean_env, tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)  # refused before any project is looked for
+    rc, out, err = _main(capsys, command, "x", "--seed", "-1")
+    assert rc == 2 and "Traceback" not in err  # numpy raised ValueError mid-run
+    assert "argument --seed: expected a whole number, 0 or more, found '-1'" in err
+
+
 @pytest.mark.parametrize("value", ["abc", "7", "-1", "1.5"])
 def test_a_bad_kiln_verbosity_names_the_variable_and_the_levels(
     capsys, clean_env, tmp_path, monkeypatch, value
