@@ -1,4 +1,4 @@
-"""`kiln cache stats|gc|verify` and the compile flags that choose an executor.
+"""`kiln cache stats|gc|verify|push` and the compile flags that choose an executor.
 
 Kept apart from kiln/cli.py so the CLI only wires them in.
 """
@@ -16,13 +16,23 @@ SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4
 
 def add_cache_parser(sub) -> None:
     c = sub.add_parser("cache", help="the content-addressed artifact store (KILN_CACHE_DIR)")
-    action = c.add_subparsers(dest="cache_command", metavar="stats|gc|verify", required=True)
+    action = c.add_subparsers(dest="cache_command", metavar="stats|gc|verify|push", required=True)
     action.add_parser("stats", help="entries, bytes, and the last build's hit/fetch/compile counts")
     gc = action.add_parser("gc", help="drop least recently used entries down to a size")
     gc.add_argument(
         "--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G (K, M, G are 1024-based)"
     )
     action.add_parser("verify", help="re-hash every local entry and drop bad ones")
+    push = action.add_parser(
+        "push",
+        help="upload to the team cache every local entry it lacks (builds upload only "
+        "what they compile)",
+    )
+    push.add_argument(
+        "--remote",
+        metavar="URL",
+        help="the team cache (default: KILN_REMOTE_CACHE, else pipeline.yaml's cache.remote)",
+    )
 
 
 def add_executor_flags(parser) -> None:
@@ -111,11 +121,61 @@ def cmd_cache(args) -> int:
             # a blob that is also an artifact frees its disk only when the artifact goes too
             print(f"  {_human(size.shared)} of it shared with out dirs (hard links)")
         return 0
+    if args.cache_command == "push":
+        return _push(store, args.remote)
     checked, dropped = store.verify()
     for path in dropped:
         print(f"kiln cache: dropped damaged entry {path}")
     print(f"kiln cache: checked {checked} files, dropped {len(dropped)}")
     return 0
+
+
+def _push(store, url: str | None) -> int:
+    from kiln.cache.config import check_remote_url, require_remote_support, resolve_cache_config
+    from kiln.cache.push import push
+    from kiln.cache.remote import RemoteStore
+
+    config = resolve_cache_config(_project_cache_settings() if url is None else {})
+    if url is not None:
+        check_remote_url(url, "--remote")
+        require_remote_support(url)
+    url = url or config.remote
+    if not url:
+        raise KilnError(
+            "no team cache to push to",
+            expected="--remote URL, KILN_REMOTE_CACHE, or cache.remote in pipeline.yaml",
+            found="none of them",
+            hint="e.g. kiln cache push --remote s3://bucket/kiln (see docs/scale-out.md)",
+        )
+    if not config.upload:
+        raise KilnError(
+            f"uploads to {url} are off, and a push writes the team cache",
+            expected="uploads on: KILN_REMOTE_UPLOAD=1 (or cache.upload: true)",
+            found="KILN_REMOTE_UPLOAD or cache.upload off",
+            hint="push from a job trusted to write the team cache",
+        )
+    remote = RemoteStore(url, timeout=config.timeout, breaker_dir="")
+    result = push(store, remote)
+    print(
+        f"kiln cache: pushed {result.pushed} actions ({_human(result.bytes)}) to {url}; "
+        f"{result.present} were there already"
+        + (f"; {result.damaged} damaged local entries dropped" if result.damaged else "")
+    )
+    if result.stopped or remote.broken:
+        print(f"kiln cache: the push stopped: {url} is unavailable (see the warning)")
+        return 1
+    return 0
+
+
+def _project_cache_settings() -> dict:
+    """pipeline.yaml's ``cache:`` when the command runs inside a project, else {}."""
+    from kiln.tasks.project import Project, find_pipeline
+
+    try:
+        path = find_pipeline()
+    except KilnError:  # outside a project: the URL comes from --remote or the environment
+        return {}
+    return Project(path).pipeline.cache_settings
 
 
 def _require_directory(root) -> None:

@@ -356,27 +356,40 @@ class RemoteStore:
             blobs[path.rstrip("/").rsplit("/", 1)[-1]] = data
         return blobs
 
-    def store(self, key: str, outputs: dict[str, bytes], digests: dict[str, str]) -> None:
-        """Upload the outputs, then the entry naming them: no reader sees a dangling entry."""
+    def store(self, key: str, outputs: dict[str, bytes], digests: dict[str, str]) -> int:
+        """Upload the outputs, then the entry naming them: no reader sees a dangling entry.
+
+        Returns the blob bytes sent (a blob the remote holds already is not sent again).
+        """
         if not self.upload or self.broken:
-            return
+            return 0
+        sent = 0
         for name, data in outputs.items():
             path = self._path("cas", digests[name])
             what = f"uploading {name} of {key}"
-            if not self._call(what, self._put, path, data, True, writing=True):
-                return
-            self.uploaded_bytes += len(data)
+            written = self._call(what, self._put, path, data, True, writing=True)
+            if written is None:
+                return sent
+            sent += written
+        with self._lock:
+            self.uploaded_bytes += sent
         entry = action_entry(digests)
         what = f"uploading action {key}"
         self._call(what, self._put, self._path("ac", key), entry, False, writing=True)
+        return sent
 
-    def _put(self, path: str, data: bytes, skip_if_present: bool) -> bool:
+    def has_action(self, key: str) -> bool | None:
+        """Whether the remote holds an entry for ``key``; None when the remote is unavailable."""
+        return self._call(f"looking for action {key}", self.fs.exists, self._path("ac", key))
+
+    def _put(self, path: str, data: bytes, skip_if_present: bool) -> int:
+        """Write ``data`` at ``path`` atomically; the bytes written (0: a valid blob was there)."""
         if skip_if_present and key_is_valid_blob(self.fs, path):
-            return True
+            return 0
         parent = path.rsplit("/", 1)[0]
         if self.protocol in ATOMIC_PUT:
             self.fs.pipe_file(path, data)
-            return True
+            return len(data)
         self.fs.makedirs(parent, exist_ok=True)
         tmp = f"{parent}/.{path.rsplit('/', 1)[1]}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         self.fs.pipe_file(tmp, data)
@@ -387,7 +400,7 @@ class RemoteStore:
                 self.fs.rm_file(tmp)
             finally:
                 raise
-        return True
+        return len(data)
 
     def close(self) -> None:
         """Nothing to release: calls run on their own daemon threads."""
