@@ -392,14 +392,16 @@ def test_every_entry_point_gives_the_same_message(small, argv):
     assert "at key: kernels.vector_add.shapes.small.N" in text
 
 
-def test_unusable_cache_dir_is_one_message(small):
+def test_unusable_cache_dir_is_one_warning_and_the_run_goes_on(small, capfd):
     pytest.importorskip("iree.compiler", reason="the iree target needs the [iree] extra")
     shutil.rmtree(small / ".cache", ignore_errors=True)
     (small / ".cache").write_text("a file where the cache dir goes\n")
     proc = kiln(small, "run", "vector_add", "--target", "iree")
-    text = no_traceback(proc)
-    assert proc.returncode != 0
-    assert "KILN_CACHE_DIR" in text
+    no_traceback(proc)
+    assert proc.returncode == 0
+    warnings = capfd.readouterr().err  # written to the real stderr, past doit's capture
+    assert warnings.count("kiln: warning: the iree cache") == 1, warnings
+    assert "KILN_CACHE_DIR" in warnings
 
 
 # -- bugs --------------------------------------------------------------------------------------
