@@ -62,6 +62,9 @@ class Runner:
         self.options = dict(options or {})
         self.machine = machine
 
+    def check_options(self) -> None:
+        """TargetError for a bad ``options:`` value, raised before anything is built."""
+
     def unavailable(self) -> str | None:
         """Why this runner cannot run here (missing extra, no device), or None."""
         return None

@@ -299,6 +299,9 @@ class IreeRunner(Runner):
         """The options, parsed now: callers may set ``options['device_index']`` after init."""
         return IreeOptions.parse(self.options)
 
+    def check_options(self) -> None:
+        self.config  # parsing is the check
+
     @property
     def host_only(self) -> bool:
         return self.options.get("device", "llvm-cpu") == "llvm-cpu"

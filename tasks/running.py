@@ -56,6 +56,14 @@ def make_runner(project: Project, target: str):
             err.location = project.pipeline.locate(f"targets.{spec.name}.runner", value=True)
         raise
     runner = cls(options=dict(spec.options), machine=project.machine(spec.machine))
+    try:
+        runner.check_options()
+    except TargetError as err:
+        if err.location is None:  # point at the option in pipeline.yaml
+            key = f"targets.{spec.name}.options"
+            named = f"{key}.{err.found}" if err.found in spec.options else key
+            err.location = project.pipeline.locate(named)
+        raise
     runner.artifact_cache = resolve_cache_config(project.pipeline.cache_settings)
     return runner
 

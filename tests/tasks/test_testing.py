@@ -275,6 +275,19 @@ def test_a_target_tolerance_in_the_pipeline_is_honoured(project):
     assert tighter.returncode == 1 and "(rtol 0, atol 0.001)" in tighter.stdout
 
 
+def test_a_misspelt_target_option_is_an_error_at_its_pipeline_line(project):
+    edit(
+        project,
+        "sim: {runner: sim, machine: npu-v1}",
+        "sim: {runner: sim, machine: npu-v1}\n  iree-cpu: {runner: iree, options: {devic: cuda}}",
+    )
+    proc = run_kiln(project, "test", "vector_add", "--target", "iree-cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "error: unknown option 'devic' for the iree runner" in proc.stderr
+    assert "pipeline.yaml:" in proc.stderr and "at key: targets.iree-cpu.options" in proc.stderr
+    assert not (project / "build").exists()  # said before anything is built
+
+
 def test_a_kernel_that_fails_only_on_the_host_is_an_error_at_its_line(tmp_path):
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "__init__.py").write_text("")
