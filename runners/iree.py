@@ -300,7 +300,7 @@ class IreeRunner(Runner):
         return IreeOptions.parse(self.options)
 
     def check_options(self) -> None:
-        self.config  # parsing is the check
+        IreeOptions.parse(self.options)  # parsing is the check
 
     @property
     def host_only(self) -> bool:
