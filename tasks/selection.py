@@ -174,6 +174,13 @@ def _app_named(project, filters: list[str], apps: bool, command: str | None) -> 
 
 def _match(project, instances: list, pattern: str, command: str | None) -> list:
     name = pattern.removeprefix(KERNEL_PREFIX)
+    if not name.strip():  # '' is a substring of every name: an empty shell variable, likely
+        raise KilnError(
+            "an empty FILTER selects nothing",
+            expected="a kernel name, an instance (kernel.shapes), a module path, or a glob",
+            found=repr(pattern),
+            hint="leave the FILTER out to select every kernel",
+        )
     exact = [
         i
         for i in instances

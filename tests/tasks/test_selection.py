@@ -61,6 +61,15 @@ def test_globs_select_every_match(project):
     assert names(select(project, ["*.wide"])) == ["gemm.wide"]
 
 
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_filter_is_an_error_not_every_kernel(project, empty):
+    # '' is a substring of every name; it comes from an empty shell variable
+    with pytest.raises(KilnError) as info:
+        select(project, [empty])
+    assert info.value.message == "an empty FILTER selects nothing"
+    assert info.value.found == repr(empty)
+
+
 def test_an_unambiguous_substring_selects(project):
     assert names(select(project, ["bias"])) == ["gemm_bias_relu.small"]
     assert names(select(project, ["layer"])) == ["layernorm.small"]
