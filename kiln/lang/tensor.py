@@ -429,12 +429,22 @@ class Tensor(NumpyMethods):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in Tensor.__slots__:
             raise AttributeError(name)
-        public = [n for n in dir(type(self)) if not n.startswith("_")]
-        close = difflib.get_close_matches(name, public, n=3)
+        members = {n: getattr(Tensor, n) for n in dir(Tensor) if not n.startswith("_")}
+        # what a kernel may use: its ops, and the properties that describe a tensor
+        # (numpy() and is_traced are eager-mode helpers; ``type`` is the slot behind them)
+        methods = sorted(n for n, v in members.items() if callable(v) and n != "numpy")
+        properties = sorted(
+            n for n, v in members.items() if isinstance(v, property) and n != "is_traced"
+        )
+        close = difflib.get_close_matches(name, methods + properties, n=3)
         raise UnsupportedAttributeError(
             f"Tensor has no attribute {name!r}: it is not a kiln op",
             hint=("did you mean " + " or ".join(close) + "?") if close else None,
-            notes=["supported methods: " + ", ".join(sorted(public)), DOCS_NOTE],
+            notes=[
+                "supported methods: " + ", ".join(methods),
+                "attributes: " + ", ".join(properties),
+                DOCS_NOTE,
+            ],
         )
 
 

@@ -287,6 +287,18 @@ def test_trace_error_points_at_kernel_line(broken, kernel, tag, fragments):
     assert f"{path}:{line}" in text  # the rendered header names the kernel's file:line
 
 
+def test_an_unknown_method_lists_the_ops_a_kernel_may_use(broken):
+    module, _ = broken
+    with pytest.raises(TraceError) as info:
+        trace(module.unknown_method, SIZES, "f32")
+    methods, attributes = info.value.notes[0], info.value.notes[1]
+    assert methods.startswith("supported methods: abs, ") and " sum," in methods
+    assert attributes == "attributes: T, dtype, mT, ndim, shape, size"
+    # eager-mode helpers and the tensor's internal slot are no kernel ops
+    for helper in ("numpy", "is_traced", "type"):
+        assert f" {helper}," not in methods + "," and f" {helper}," not in attributes + ","
+
+
 def test_errors_never_point_into_kiln(broken):
     module, _ = broken
     for kernel, _, _ in CASES:
