@@ -107,7 +107,8 @@ def require_remote_support(url: str) -> None:
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise KilnError(
-            f"the remote cache {url!r} needs {', '.join(missing)}, which is not installed",
+            f"the remote cache {url!r} needs {' and '.join(missing)}, "
+            f"which {'is' if len(missing) == 1 else 'are'} not installed",
             hint="pip install 'kiln[distributed]' (or unset KILN_REMOTE_CACHE / cache.remote)",
         )
 
