@@ -258,7 +258,8 @@ def _arguments(fn, args: tuple, kwargs: dict) -> tuple[dict, dict]:
                 f"dtype, got {getattr(value, 'dtype', type(value).__name__)}",
                 expected="float32, float16, bfloat16, int32 (or float64/int64, converted)",
             )
-        arrays[name] = np.ascontiguousarray(value, dtype=NUMPY_DTYPES[dtype])
+        # order="C", not ascontiguousarray: that one turns a 0-d scalar into shape (1,)
+        arrays[name] = np.asarray(value, dtype=NUMPY_DTYPES[dtype], order="C")
         types[name] = dtype
     return arrays, types
 
