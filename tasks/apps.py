@@ -150,6 +150,13 @@ def _app_traceback(exc: BaseException) -> str:
     return "".join(tb.format())
 
 
+def _app_frame(exc: BaseException) -> tuple[str, int] | None:
+    """File and line of the innermost frame of the app's own code in ``exc``'s traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [f for f in frames if not f.filename.startswith((*KILN_DIRS, "<"))]
+    return (mine[-1].filename, mine[-1].lineno or 0) if mine else None
+
+
 class AppFailed(Exception):
     """The app's own code raised: the traceback is printed, kiln exits 1."""
 
@@ -174,6 +181,16 @@ def call_app(project: Project, plan: AppPlan, dispatcher: Dispatcher | None) -> 
             return main()
         except KilnError:
             raise
+        except SystemExit as exc:  # a program's way to stop: not Kiln's usage error (exit 2)
+            if exc.code is None or exc.code == 0:
+                print(f"kiln: app {name!r} called sys.exit({exc.code!r}) {stage}", flush=True)
+                return None
+            where = _app_frame(exc)
+            message = f"app {name!r} called sys.exit({exc.code!r}) {stage}" + (
+                f" at {display_path(where[0], project.root)}:{where[1]}" if where else ""
+            )
+            print(f"error: {message}", file=sys.stderr)
+            raise AppFailed(message) from None
         except Exception as exc:
             sys.stderr.write(_app_traceback(exc))
             message = f"app {name!r} raised {type(exc).__name__}: {exc} ({stage})"

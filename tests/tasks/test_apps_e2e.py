@@ -332,3 +332,22 @@ def test_a_missing_test_file_points_at_its_list_item(tmp_path):
     ]
     assert "  found: apps/tests/nope.py" in proc.stderr
     assert ran_tasks(proc) == []  # before building anything
+
+
+def test_an_app_calling_sys_exit_is_reported_not_swallowed(plain_project):
+    text = (plain_project / "pipeline.yaml").read_text()
+    (plain_project / "pipeline.yaml").write_text(
+        text.replace("  boom:\n", "  quit:\n    module: apps.quit\n  boom:\n")
+    )
+    app = plain_project / "apps" / "quit.py"
+    app.write_text("import sys\n\n\ndef main():\n    sys.exit('no input file')\n")
+    proc = run_kiln(plain_project, "run", "quit")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr  # was 2, and no message
+    assert (
+        "error: app 'quit' called sys.exit('no input file') in main() at apps/quit.py:5"
+        in proc.stderr
+    )
+    app.write_text("import sys\n\n\ndef main():\n    sys.exit(0)\n")
+    proc = run_kiln(plain_project, "run", "quit")
+    assert proc.returncode == 0 and "app 'quit' called sys.exit(0) in main()" in proc.stdout
+    assert "app quit on cpu: main() returned 0 output(s)" in proc.stdout
