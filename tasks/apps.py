@@ -177,6 +177,7 @@ def call_app(project: Project, plan: AppPlan, dispatcher: Dispatcher | None) -> 
                     location=Location(display_path(plan.file, project.root)),
                     expected="a callable `main` at the top level of " + plan.app.module,
                 )
+            _check_main_takes_no_arguments(project, plan, main)
             stage = "in main()"
             return main()
         except KilnError:
@@ -196,6 +197,34 @@ def call_app(project: Project, plan: AppPlan, dispatcher: Dispatcher | None) -> 
             message = f"app {name!r} raised {type(exc).__name__}: {exc} ({stage})"
             print(f"error: {message}; its traceback is above", file=sys.stderr)
             raise AppFailed(message) from None
+
+
+def _check_main_takes_no_arguments(project: Project, plan: AppPlan, main) -> None:
+    """`kiln run` calls ``main()`` bare: a required parameter would end in a bare TypeError."""
+    import inspect
+
+    try:
+        signature = inspect.signature(main)
+    except (TypeError, ValueError):  # a callable without a signature: let the call decide
+        return
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    required = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty and p.kind not in variadic
+    ]
+    if not required:
+        return
+    code = getattr(main, "__code__", None)
+    where = display_path(code.co_filename if code else plan.file, project.root)
+    raise KilnError(
+        f"app {plan.app.name!r}: main() takes arguments ({', '.join(required)}), "
+        "but Kiln calls main() with none",
+        location=Location(where, code.co_firstlineno if code else None),
+        expected="def main(): (or parameters that all have defaults)",
+        found=f"def main{signature}",
+        hint="give each parameter a default (def main(n=1024):)",
+    )
 
 
 def flatten_outputs(value: Any, prefix: str = "") -> list[tuple[str, Any]]:

@@ -351,3 +351,15 @@ def test_an_app_calling_sys_exit_is_reported_not_swallowed(plain_project):
     proc = run_kiln(plain_project, "run", "quit")
     assert proc.returncode == 0 and "app 'quit' called sys.exit(0) in main()" in proc.stdout
     assert "app quit on cpu: main() returned 0 output(s)" in proc.stdout
+
+
+def test_an_app_whose_main_needs_arguments_is_a_clear_error(plain_project):
+    (plain_project / "apps" / "plain.py").write_text("def main(n, scale=2):\n    return n\n")
+    proc = run_kiln(plain_project, "run", "plain")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[:3] == [
+        "apps/plain.py:1: error: app 'plain': main() takes arguments (n), "
+        "but Kiln calls main() with none",
+        "  expected: def main(): (or parameters that all have defaults)",
+        "  found: def main(n, scale=2)",
+    ]
