@@ -130,7 +130,7 @@ class Dispatcher:
                 "project module, so it cannot be compiled; it ran eagerly on the host",
             )
         elif inst.name not in self._planned:
-            self._jit(inst, fn, site, bindings)
+            self._jit(inst, fn, site, bindings, dtypes)
         return inst
 
     def _match(self, path: str, bindings, dtypes: dict) -> KernelInstance | None:
@@ -145,17 +145,28 @@ class Dispatcher:
                 return inst
         return None
 
-    def _jit(self, inst: KernelInstance, fn, site, bindings) -> None:
+    def _jit(self, inst: KernelInstance, fn, site, bindings, dtypes: dict) -> None:
         from kiln.tasks.running import build
 
         sizes = ", ".join(f"{d}={v}" for d, v in bindings)
         seen = inst.source.path in self._reached
-        why = (
-            f"{fn.__name__} is called at {sizes}, which no shape set of pipeline.yaml declares"
-            if seen
-            else f"this call of {fn.__name__} ({sizes}) was not seen by the static scan of "
-            f"app {self.plan.app.name!r}"
-        )
+        same_sizes = self._declared_at(inst.source.path, bindings)
+        if seen and same_sizes is not None:  # the sizes are declared: the dtypes are not
+            spec = self.project.pipeline.kernel(same_sizes.kernel)
+            given = ", ".join(f"{a}: {t}" for a, t in dtypes.items())
+            built = ", ".join(f"{a}: {spec.arg_dtype(a)}" for a in dtypes)
+            why = (
+                f"{fn.__name__} is called with {given}, but pipeline.yaml builds it at "
+                f"{sizes} for {built} ({same_sizes.name})"
+            )
+        elif seen:
+            why = f"{fn.__name__} is called at {sizes}, which no shape set of pipeline.yaml "
+            why += "declares"
+        else:
+            why = (
+                f"this call of {fn.__name__} ({sizes}) was not seen by the static scan of "
+                f"app {self.plan.app.name!r}"
+            )
         how = (
             "the cpu target runs it eagerly"
             if self.eager
@@ -167,6 +178,17 @@ class Dispatcher:
         if inst.name not in self._built and not self.eager:
             build(self.project, [inst])
         self._built.add(inst.name)
+
+    def _declared_at(self, path: str, bindings) -> KernelInstance | None:
+        """A declared instance of the kernel at exactly these sizes, whatever its dtypes."""
+        for inst in self.project.instances:
+            if (
+                inst.source.path == path
+                and not inst.shape_set.startswith("jit_")
+                and all(dict(inst.bindings).get(d) == v for d, v in bindings)
+            ):
+                return inst
+        return None
 
     def _warn(self, key: tuple, message: str) -> None:
         if key in self._warned:

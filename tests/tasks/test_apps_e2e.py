@@ -363,3 +363,17 @@ def test_an_app_whose_main_needs_arguments_is_a_clear_error(plain_project):
         "  expected: def main(): (or parameters that all have defaults)",
         "  found: def main(n, scale=2)",
     ]
+
+
+def test_a_call_at_declared_sizes_but_another_dtype_says_the_dtype_differs(plain_project):
+    (plain_project / "apps" / "plain.py").write_text(
+        "import numpy as np\n\nfrom kernels.elementwise import vector_add\n\n\n"
+        "def main():\n    x = np.arange(256, dtype=np.int32)\n    return vector_add(x, x)\n"
+    )
+    proc = run_kiln(plain_project, "run", "plain", "--target", "cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (  # it said the sizes N=256, which vector_add.default declares, were not declared
+        "kiln: warning: apps/plain.py:8: vector_add is called with a: i32, b: i32, but "
+        "pipeline.yaml builds it at N=256 for a: f32, b: f32 (vector_add.default); "
+        "the cpu target runs it eagerly" in proc.stderr
+    )
