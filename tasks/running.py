@@ -127,13 +127,10 @@ def run_kernel(project: Project, instances: list[KernelInstance], args) -> int:
     for arg, array in zip(artifacts.graph.args, inputs, strict=True):
         d = describe(array)
         print(f"  in  {arg.attr('name')}: {d['dtype']}{d['shape']}")
+    from kiln.tasks.apps import describe_output  # an app's outputs read the same
+
     for index, array in enumerate(result.outputs):
-        d = describe(array)
-        print(
-            f"  out {index}: {d['dtype']}{d['shape']}  min {d['min']:.6g}  max {d['max']:.6g}"
-            f"  mean {d['mean']:.6g}  std {d['std']:.6g}"
-            + (f"  non-finite {d['nonfinite']}" if d["nonfinite"] else "")
-        )
+        print(describe_output(str(index), array))
     for key, value in sorted(result.metrics.items()):
         print(f"  {key}: {value}")
     if args.save_outputs:
