@@ -350,7 +350,9 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
         build(project, plan.instances)
     add_project_root(project.root)
     results, skipped = {}, {}
+    imported_before = set(sys.modules)
     for target, runner in runners.items():
+        _forget_modules_imported_since(imported_before, project.root)
         reason = runner.unavailable()
         if reason:
             print(f"SKIPPED app {name} @ {target}: {reason}", flush=True)
@@ -375,6 +377,17 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
     if any(r.startswith("fail") for r in results.values()):
         return 1
     return asked_for_and_unavailable(asked, skipped)
+
+
+def _forget_modules_imported_since(before: set[str], root: Path) -> None:
+    """Drop the project modules the last target's tests imported, so the next target's
+    tests import the app anew: its import-time kernel calls then run on that target too,
+    not only on the first (whose results the later targets' tests would check)."""
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        inside = Path(file).resolve().is_relative_to(root.resolve()) if file else False
+        if inside and not file.startswith(KILN_DIRS) and "site-packages" not in file:
+            del sys.modules[name]
 
 
 def status_app(project: Project, name: str, show_all: bool = False) -> int:

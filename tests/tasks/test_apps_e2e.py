@@ -377,3 +377,17 @@ def test_a_call_at_declared_sizes_but_another_dtype_says_the_dtype_differs(plain
         "pipeline.yaml builds it at N=256 for a: f32, b: f32 (vector_add.default); "
         "the cpu target runs it eagerly" in proc.stderr
     )
+
+
+def test_each_target_runs_the_kernel_calls_an_app_makes_on_import(plain_project):
+    (plain_project / "apps" / "plain.py").write_text(
+        "import numpy as np\n\nfrom kernels.elementwise import vector_add\n\n"
+        "X = np.ones(256, np.float32)\nWARM = vector_add(X, X)  # at import time\n\n\n"
+        "def main():\n    return {'count': 42, 'warm': WARM}\n"
+    )
+    proc = run_kiln(plain_project, "test", "plain", "--target", "sim", "--target", "cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the second target reused the module the first imported: it ran nothing, and its
+    # tests checked the first target's numbers
+    assert proc.stdout.count("call vector_add.default: 1x") == 2, proc.stdout
+    assert "nothing ran on cpu" not in proc.stdout
