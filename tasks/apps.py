@@ -368,6 +368,8 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
 
         with dispatching(dispatcher):
             code = int(pytest.main(argv))
+        for message in dispatcher.warnings:  # pytest captured them while the tests ran
+            print(f"kiln: warning: {message}", file=sys.stderr, flush=True)
         for line in dispatcher.summary():
             print(line)
         results[target] = "pass" if code == 0 else f"fail (pytest exit code {code})"

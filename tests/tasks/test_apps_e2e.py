@@ -391,3 +391,18 @@ def test_each_target_runs_the_kernel_calls_an_app_makes_on_import(plain_project)
     # tests checked the first target's numbers
     assert proc.stdout.count("call vector_add.default: 1x") == 2, proc.stdout
     assert "nothing ran on cpu" not in proc.stdout
+
+
+def test_jit_warnings_of_an_apps_tests_are_shown_not_captured_by_pytest(plain_project):
+    (plain_project / "apps" / "tests" / "test_plain.py").write_text(
+        "import numpy as np\n\nfrom kernels.elementwise import vector_add\n\n\n"
+        "def test_small():\n    assert vector_add(np.ones(8, np.float32), np.ones(8, np.float32))"
+        ".tolist() == [2.0] * 8\n"
+    )
+    proc = run_kiln(plain_project, "test", "plain", "--target", "cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 warning(s) above" in proc.stdout
+    assert (  # the summary pointed at a warning pytest had swallowed
+        "kiln: warning: apps/tests/test_plain.py:7: this call of vector_add (N=8) was not seen"
+        in proc.stderr
+    )
