@@ -43,6 +43,10 @@ def doit_config(project: Project, *, fail_fast: bool = False) -> dict:
         "default_tasks": ["compile"],
         "verbosity": 1,
         "continue": not fail_fast,
+        # doit's own default is sys.stdout as it was when doit.cmd_run was first
+        # imported: a command that sends the build's lines to stderr (kiln bench
+        # --output-format json) would see them on stdout if anything imported it earlier
+        "outfile": sys.stdout,
     }
 
 

@@ -349,7 +349,7 @@ def test_version_and_command_help_import_neither_numpy_nor_ml_dtypes():
     [
         (["compile", "--bogus"], "kiln compile: error: unrecognized arguments: --bogus"),
         (["bench", "gemm"], "kiln bench: error: the following arguments are required: --target"),
-        (["cache"], "kiln cache: error: the following arguments are required: stats|gc|verify"),
+        (["cache"], "kiln cache: error: the following arguments are required: stats|gc|ver"),
         (["compil"], "did you mean `kiln compile`?"),
         (["help", "nosuch"], "unknown command 'nosuch'"),
         (["-f"], "-f needs a value"),
@@ -523,7 +523,7 @@ def test_bash_completion_is_valid_and_knows_every_command(tmp_path):
     assert out.stdout.splitlines() == [
         "compile config completion",
         "human json",
-        "stats gc verify",
+        "stats gc verify push",
         "--max-size",
         "--junit",
         "bash zsh fish",
