@@ -86,11 +86,7 @@ def _connect(executor: dict):
             raise KilnError("the dask executor needs distributed", hint=DISTRIBUTED_HINT) from None
         quiet_dask_logs()
         try:
-            if address:
-                _probe(address)
-            client = (
-                Client(address, timeout=CONNECT_TIMEOUT) if address else _local_client(executor)
-            )
+            client = _scheduler_client(Client, address) if address else _local_client(executor)
         except Exception as exc:  # refused, timed out, a bad address: one message
             _failed[key] = _connect_error(executor, exc)
             raise _failed[key] from None
@@ -98,20 +94,36 @@ def _connect(executor: dict):
         return client
 
 
-def _probe(address: str) -> None:
-    """Raise at once when nothing listens at ``address``.
+def _scheduler_client(Client, address: str):
+    """A Client of the scheduler at ``address``, or an error within CONNECT_TIMEOUT.
 
-    Dask retries a refused connection until its timeout: a mistyped port
-    would cost every build ``CONNECT_TIMEOUT`` seconds before its one error.
-    A probe that merely times out proves nothing, so Dask gets its own try.
+    Dask bounds the connection but not the scheduler's reply to it: a server
+    that accepts and never answers (a wrong service on the port, a stopped
+    process) held the build forever. The attempt left behind is a daemon thread.
+    """
+    from kiln.cache.remote import DeadlineCaller
+
+    _probe(address)
+    outcome = DeadlineCaller().call(
+        lambda: Client(address, timeout=CONNECT_TIMEOUT), (), CONNECT_TIMEOUT
+    )
+    if outcome is None:
+        raise TimeoutError(f"no answer from the scheduler within {CONNECT_TIMEOUT} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _probe(address: str) -> None:
+    """Raise at once when nothing listens at ``address``, within CONNECT_TIMEOUT otherwise.
+
+    Dask retries a refused connection until its timeout, so a mistyped port
+    cost every build the whole CONNECT_TIMEOUT; and a host that does not
+    answer must cost it once, not once here and again in Dask.
     """
     host_port = scheduler_host_port(address)
-    if host_port is None:
-        return
-    try:
+    if host_port is not None:
         socket.create_connection(host_port, timeout=CONNECT_TIMEOUT).close()
-    except TimeoutError:
-        pass
 
 
 def _local_client(executor: dict):

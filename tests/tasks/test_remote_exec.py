@@ -89,6 +89,17 @@ def test_a_refused_scheduler_fails_at_once_without_waiting_for_dask(fresh):
     assert calls == []
 
 
+def test_a_scheduler_that_accepts_and_never_answers_is_an_error_in_time(fresh, listening):
+    # Dask bounds the connection, not the reply: such a server held the build forever
+    fresh.setattr(remote_exec, "CONNECT_TIMEOUT", 1)
+    executor = {"kind": "dask", "address": f"tcp://127.0.0.1:{listening}", "workers": 2}
+    started = time.monotonic()
+    with pytest.raises(KilnError) as info:
+        remote_exec.dask_client(executor)
+    assert time.monotonic() - started < 5
+    assert "no answer from the scheduler within 1 s" in info.value.message
+
+
 def test_the_stored_error_is_never_handed_out_itself(fresh):
     """Each raise is a fresh copy: the notes an action adds stay its own."""
     fresh.setattr(distributed, "Client", refusing_client([]))
