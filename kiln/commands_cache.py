@@ -131,15 +131,13 @@ def cmd_cache(args) -> int:
 
 
 def _push(store, url: str | None) -> int:
-    from kiln.cache.config import check_remote_url, require_remote_support, resolve_cache_config
+    from kiln.cache.config import resolve_cache_config
     from kiln.cache.push import push
     from kiln.cache.remote import RemoteStore
 
-    config = resolve_cache_config(_project_cache_settings() if url is None else {})
-    if url is not None:
-        check_remote_url(url, "--remote")
-        require_remote_support(url)
-    url = url or config.remote
+    # the project's cache: settings hold even with --remote (upload: false, the timeout)
+    config = resolve_cache_config(_project_cache_settings(), remote_flag=url)
+    url = config.remote
     if not url:
         raise KilnError(
             "no team cache to push to",
@@ -151,7 +149,11 @@ def _push(store, url: str | None) -> int:
         raise KilnError(
             f"uploads to {url} are off, and a push writes the team cache",
             expected="uploads on: KILN_REMOTE_UPLOAD=1 (or cache.upload: true)",
-            found="KILN_REMOTE_UPLOAD or cache.upload off",
+            found=(
+                f"KILN_REMOTE_UPLOAD={os.environ['KILN_REMOTE_UPLOAD']}"
+                if "KILN_REMOTE_UPLOAD" in os.environ
+                else "cache.upload: false in pipeline.yaml"
+            ),
             hint="push from a job trusted to write the team cache",
         )
     remote = RemoteStore(url, timeout=config.timeout, breaker_dir="")

@@ -33,11 +33,17 @@ class CacheConfig:
         return asdict(self)
 
 
-def resolve_cache_config(settings: dict | None) -> CacheConfig:
-    """pipeline.yaml's ``cache:`` mapping, with the environment's overrides applied."""
+def resolve_cache_config(settings: dict | None, remote_flag: str | None = None) -> CacheConfig:
+    """pipeline.yaml's ``cache:`` mapping, with the environment's overrides applied.
+
+    ``remote_flag``: a URL given on the command line (``--remote``), which wins.
+    """
     settings = settings or {}
     remote = settings.get("remote")
-    if "KILN_REMOTE_CACHE" in os.environ:
+    if remote_flag is not None:
+        remote = remote_flag
+        check_remote_url(remote, "--remote")
+    elif "KILN_REMOTE_CACHE" in os.environ:
         remote = os.environ["KILN_REMOTE_CACHE"] or None
         if remote:
             check_remote_url(remote, "KILN_REMOTE_CACHE")

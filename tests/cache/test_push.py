@@ -72,6 +72,19 @@ def test_kiln_cache_push_fills_the_team_cache_a_clean_clone_then_fetches(project
     assert " 0 compiled)" in fetched.stdout, fetched.stdout
 
 
+def test_a_project_with_uploads_off_never_pushes_even_to_a_given_remote(project, tmp_path):
+    pipeline = project / "pipeline.yaml"
+    pipeline.write_text(pipeline.read_text() + "cache: {upload: false}\n")
+    proc = run_kiln(project, "cache", "push", "--remote", f"file://{tmp_path}/team")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "found: cache.upload: false in pipeline.yaml" in proc.stderr
+    assert not (tmp_path / "team").exists()
+    # --remote wins over a KILN_REMOTE_CACHE that is no URL at all
+    env = {"KILN_REMOTE_CACHE": "s3:/x", "KILN_REMOTE_UPLOAD": "1"}
+    ok = run_kiln(project, "cache", "push", "--remote", f"file://{tmp_path}/team", env=env)
+    assert ok.returncode == 0, ok.stderr
+
+
 @pytest.mark.parametrize(
     "args, env, message",
     [
