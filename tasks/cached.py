@@ -24,6 +24,7 @@ from kiln.cache.action import action_key
 from kiln.cache.config import CacheConfig
 from kiln.cache.session import COMPILED, FETCHED, session_for
 from kiln.cache.store import SIDE_PREFIX, sha256
+from kiln.errors import KilnError, Location
 from kiln.logconfig import get_logger
 
 log = get_logger("cache")
@@ -151,12 +152,18 @@ def fetch_or_run(spec: dict, run) -> str:
         before = sources_identity(spec)
         how = _fetch_or_run(spec, run, before)
         if sources_identity(spec) == before:
-            break
-    return how
+            return how
+    # still changing: a graph of no saved version must not pass as built
+    raise KilnError(
+        f"the kernel sources of {spec['instance']} changed during each of {SOURCE_TRIES} traces",
+        Location(str(spec["sources"][0])) if spec.get("sources") else None,
+        hint="save the file, then run the build again",
+    )
 
 
-def _fetch_or_run(spec: dict, run, sources: tuple) -> str:
-    """``fetch_or_run``; ``sources``: the trace's sources as keyed, else nothing is stored."""
+def _fetch_or_run(spec: dict, run, keyed_sources: tuple) -> str:
+    """``fetch_or_run``; ``keyed_sources``: the trace's sources as keyed (nothing stored
+    when they changed meanwhile)."""
     settings = spec.get("cache")
     if not settings or not settings.get("enabled") or spec["dumps"]:
         run(spec)
@@ -207,18 +214,18 @@ def _fetch_or_run(spec: dict, run, sources: tuple) -> str:
         _settled.update(settled)  # only once the manifest lists them
         return how
     side = run(spec) or []
-    if sources_identity(spec) != sources:
+    if sources_identity(spec) != keyed_sources:
         return COMPILED  # traced from other bytes than the key's: never stored under it
     try:
-        found, sources = {}, {}
+        found, files = {}, {}
         for name, path in [("artifact", artifact)] + [
             (SIDE + n, artifact.parent / n) for n in side
         ]:
             data, identity = read_with_identity(path)
             found[name] = data if name == "artifact" else portable(data, spec["root"])
             if found[name] == data:  # the store's bytes are the file's: share the file
-                sources[name] = (str(path), identity)
-        session.store(key, found, sources)
+                files[name] = (str(path), identity)
+        session.store(key, found, files)
     except OSError as exc:  # a full or read-only cache disk costs speed, not the build
         session.store_failed(exc)
     return COMPILED

@@ -6,6 +6,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from kiln.errors import KilnError
+
 
 def test_cache_hit_imports_neither_numpy_nor_the_stage(tmp_path):
     script = textwrap.dedent(
@@ -261,3 +265,15 @@ def test_a_source_saved_during_its_trace_is_traced_again_and_never_stored_under_
     store = LocalStore(config.local_dir)
     assert store.lookup(key_v1) is None  # version 2's graph is not version 1's
     assert store.lookup(stage_key(spec)) == {"artifact": b"graph of version 2!"}
+
+    def always_saving(spec):  # an editor saving on every keystroke, faster than traces
+        source.write_text(source.read_text() + "!")
+        st = source.stat()
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        write_bytes_atomic(spec["artifact"], b"graph of a moving target")
+
+    source.write_text("version 3")  # not in the store: each try traces
+    with pytest.raises(KilnError) as info:  # never a graph of no saved version as built
+        fetch_or_run(dict(spec, instance="k.other"), always_saving)
+    assert "changed during each of 3 traces" in info.value.message
+    assert info.value.location.file == str(source)
