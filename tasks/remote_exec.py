@@ -135,9 +135,11 @@ def _local_client(executor: dict):
     # Ctrl-C reaches every process of the terminal's group, and a worker still
     # importing when it lands prints a KeyboardInterrupt traceback. The cluster's
     # loop thread, made here, starts the workers: with SIGINT blocked in it, they
-    # are born with it blocked (fork and exec keep the mask), while the build's
-    # main thread still takes Ctrl-C. (The resource tracker unblocks SIGINT in the
-    # thread that first starts it: started here first, it leaves the mask alone.)
+    # are born with it blocked (fork and exec keep the mask). A build starts the
+    # cluster on a thread of its own, so its main thread still takes Ctrl-C; called
+    # on the main thread (kiln tune), a Ctrl-C waits the few seconds of the start.
+    # (The resource tracker unblocks SIGINT in the thread that first starts it:
+    # started here first, it leaves the mask alone.)
     resource_tracker.ensure_running()
     unblock = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
