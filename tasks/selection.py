@@ -223,6 +223,15 @@ def _no_match(project, instances: list, pattern: str, command: str | None) -> Ki
     if apps:
         notes.append("apps: " + ", ".join(apps))
     bare = pattern.removeprefix(KERNEL_PREFIX)
+    if pattern in apps:  # commands that take apps resolved it before: this one does not
+        return KilnError(
+            f"{pattern!r} is an app, and `kiln {command or ''}` acts on kernels",
+            expected="a kernel name, an instance (kernel.shapes), a module path, or a glob",
+            found=pattern,
+            hint=f"`kiln run {pattern}` builds the kernels the app reaches and runs it; "
+            f"`kiln status {pattern}` lists them",
+            notes=notes,
+        )
     close = difflib.get_close_matches(bare, names, n=1)
     return KilnError(
         f"no kernel matches {pattern!r}",
