@@ -200,17 +200,17 @@ def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def _check_bytes(name: str, graph) -> None:
     """Refuse an argument or result too large to allocate, as `--shape` and pipeline.yaml do."""
-    from kiln.tasks.project import ITEMSIZE, MAX_ARGUMENT_BYTES
+    from kiln.ir.graph import ITEMSIZE, MAX_TENSOR_BYTES
 
     arrays = [("an argument", a.shape, a.dtype) for a in graph.args]
     arrays += [("the result", n.shape, n.dtype) for n in graph.output_nodes]
     for what, shape, dtype in arrays:
-        size = math.prod(shape) * ITEMSIZE.get(dtype, 4)
-        if size > MAX_ARGUMENT_BYTES:
+        size = math.prod(shape) * ITEMSIZE[dtype]
+        if size > MAX_TENSOR_BYTES:
             raise KilnError(
                 f"kiln bench {PREFIX}{name}: {what} is too large: "
                 f"{size / 2**30:.1f} GiB ({'x'.join(map(str, shape))} {dtype})",
-                expected=f"at most {MAX_ARGUMENT_BYTES // 2**30} GiB per array",
+                expected=f"at most {MAX_TENSOR_BYTES // 2**30} GiB per array",
                 found=f"{size:,} bytes",
                 hint="pick smaller sizes",
             )

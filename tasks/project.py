@@ -16,12 +16,11 @@ from kiln.tasks.importpath import add_project_root
 
 from kiln.errors import Location, PipelineError, printable, relative_path
 from kiln.fsutil import remove_stale_tmp
+from kiln.ir.graph import ITEMSIZE, MAX_TENSOR_BYTES
 
 PIPELINE_FILE = "pipeline.yaml"
 # The host oracle and the simulator hold every argument in memory: a tensor
 # larger than this is a typo (a dim of 2**40), refused when the pipeline loads.
-MAX_ARGUMENT_BYTES = 4 * 2**30
-ITEMSIZE = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -246,8 +245,8 @@ class Project:
             elements = 1
             for dim in dims or ():
                 elements *= sizes.get(dim, 1) if isinstance(dim, str) else dim
-            itemsize = ITEMSIZE.get(spec.arg_dtype(arg), 4)
-            if elements * itemsize > MAX_ARGUMENT_BYTES:
+            itemsize = ITEMSIZE[spec.arg_dtype(arg)]
+            if elements * itemsize > MAX_TENSOR_BYTES:
                 shape = ", ".join(f"{d}={sizes.get(d, d)}" for d in dims or ())
                 raise PipelineError(
                     f"argument {arg!r} of kernel {spec.name!r} is too large at shape set "
@@ -255,7 +254,7 @@ class Project:
                     location=self.pipeline.locate(
                         f"kernels.{spec.name}.shapes.{set_name}", value=True
                     ),
-                    expected=f"at most {MAX_ARGUMENT_BYTES // 2**30} GiB per argument",
+                    expected=f"at most {MAX_TENSOR_BYTES // 2**30} GiB per argument",
                     found=f"{elements * itemsize:,} bytes ({shape})",
                     hint="check the dims of this shape set",
                 )

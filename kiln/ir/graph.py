@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 DTYPES = ("f32", "f16", "bf16", "i32", "bool")
+ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "bool": 1}  # bytes per element
+# The largest tensor Kiln accepts, argument or intermediate: past it a tensor cannot
+# exist on any target, and the stages would spend minutes (and all memory) tiling it.
+MAX_TENSOR_BYTES = 4 * 2**30
 
 AttrValue = Any  # JSON scalars, or tuples of them (never lists: nodes are hashable)
 
@@ -34,6 +38,10 @@ class TensorType:
         for d in self.shape:
             n *= d
         return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * ITEMSIZE[self.dtype]
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"

@@ -16,13 +16,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.ir.graph import ITEMSIZE
 from kiln.ir.ops import UNARY_OPS
 
 VISA_VERSION = 1
 ROLES = ("input", "output", "scratch")
 DTYPES = ("f32", "f16", "bf16", "i32", "bool")
 FLOAT_DTYPES = ("f32", "f16", "bf16")
-ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "bool": 1}
 
 
 def acc_dtype(dtype: str) -> str:

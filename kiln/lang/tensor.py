@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import TraceError
-from kiln.ir.graph import AttrValue, Node, TensorType, make_attrs
+from kiln.ir.graph import MAX_TENSOR_BYTES, AttrValue, Node, TensorType, make_attrs
 from kiln.ir.interp import evaluate
 from kiln.ir.ops import OpTypeError, infer
 from kiln.lang.errors import DOCS_NOTE, UnsupportedAttributeError, unsupported_operator
@@ -118,14 +118,8 @@ def _builder_of(tensors: list[Tensor]) -> Builder | None:
     return tensors[0]._builder
 
 
-# The bound pipeline.yaml puts on an argument: past it a tensor cannot exist on any target,
-# and the stages would spend minutes (and all memory) tiling it before saying so.
-MAX_TENSOR_BYTES = 4 * 2**30
-_ITEMSIZE = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2, "bool": 1}
-
-
 def _check_size(out: TensorType) -> None:
-    size = out.size * _ITEMSIZE.get(out.dtype, 4)
+    size = out.nbytes
     if size > MAX_TENSOR_BYTES:
         raise TraceError(
             f"a tensor of shape {out.shape} ({out.dtype}) would take {size / 2**30:,.0f} GiB",
