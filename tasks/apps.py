@@ -362,7 +362,9 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
         argv = ["-q", "-p", "no:cacheprovider", "--rootdir", str(project.root), *map(str, tests)]
         if junit is not None:
             path = junit if len(runners) == 1 else junit.with_stem(f"{junit.stem}-{target}")
-            argv.append(f"--junitxml={path}")
+            # the suite names the app and target: pytest's default, "pytest", names neither,
+            # and every target's file holds the same test names
+            argv += [f"--junitxml={path}", "-o", f"junit_suite_name=kiln.app.{name}@{target}"]
         print(f"kiln test {name} @ {target}: pytest {' '.join(plan.app.tests)}", flush=True)
         from kiln.lang.device import dispatching
 

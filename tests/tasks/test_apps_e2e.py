@@ -406,3 +406,13 @@ def test_jit_warnings_of_an_apps_tests_are_shown_not_captured_by_pytest(plain_pr
         "kiln: warning: apps/tests/test_plain.py:7: this call of vector_add (N=8) was not seen"
         in proc.stderr
     )
+
+
+def test_the_junit_report_of_an_apps_tests_names_the_app_and_target(plain_project):
+    import xml.etree.ElementTree as ET
+
+    proc = run_kiln(plain_project, "test", "plain", "--target", "cpu", "--junit", "r.xml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    suite = next(ET.parse(plain_project / "r.xml").iter("testsuite"))
+    assert suite.get("name") == "kiln.app.plain@cpu"  # was pytest's default, "pytest"
+    assert suite.get("tests") == "1" and suite.get("failures") == "0"
