@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from kiln.brokenpipe import guard_stdout
-from kiln.cli_help import DOIT_COMMANDS, SUMMARIES
+from kiln.cli_help import DOIT_COMMANDS, SUMMARIES, TASK_GROUPS
 from kiln.cli_parser import build_parser, subcommands
 from kiln.errors import Abort, KilnError, environment_error
 from kiln.interrupts import INTERRUPTED, note_interrupts
@@ -40,8 +40,6 @@ COMMANDS = {
     "completion": "kiln.completion:cmd_completion",
 }
 OWN_COMMANDS = tuple(COMMANDS)
-# doit's task groups: `kiln report` runs doit's report tasks, not a misspelled command
-TASK_GROUPS = ("report",)
 DOIT_USAGE_ERROR = 3  # doit's exit status for a bad command line: Kiln's is 2
 
 

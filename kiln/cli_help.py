@@ -50,6 +50,9 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 SUMMARIES = dict(item for _, items in COMMAND_GROUPS for item in items)
 # doit commands that `kiln` passes through unchanged
 DOIT_COMMANDS = ("list", "info", "forget", "ignore", "reset-dep", "dumpdb", "strace")
+# Kiln's doit task groups: a word naming one is a task, not a misspelt command
+# (`kiln report` runs doit's report tasks; `kiln clean test` cleans the test tasks)
+TASK_GROUPS = ("compile", "test", "report")
 
 EXAMPLES = """\
 examples:

@@ -6,6 +6,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
+from kiln.cli_help import TASK_GROUPS
 from kiln.errors import KilnError
 from kiln.outpaths import check_output, writing
 
@@ -171,10 +172,6 @@ def cmd_tune(args) -> int:
         return show_records(project, instances)
     with _locked(project):  # one writer of tuning.jsonl; a build never reads it half-tuned
         return run_tune(project, instances, args)
-
-
-# doit task groups: a clean argument naming one of these (or with a ':') is a task name
-TASK_GROUPS = ("compile", "test", "report")
 
 
 def cmd_clean(args) -> int:
