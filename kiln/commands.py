@@ -136,7 +136,7 @@ def cmd_test(args) -> int:
     chosen = _select(project, args, "test", apps=True)
     with _locked(project), writing("--junit", junit) if junit is not None else nullcontext():
         if chosen.app is not None:
-            from kiln.tasks.apps import test_app
+            from kiln.tasks.app_tests import test_app
 
             return test_app(project, chosen.app, args.target, junit)
         return run_tests(project, chosen.instances, args)
