@@ -193,7 +193,9 @@ def test_killed_parallel_build_leaves_no_worker_and_no_lock(project):
     children = Path("/proc/self/task")
     if not children.exists():
         pytest.skip("needs Linux /proc to find the workers")
-    env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"))
+    # the cache off: clean_build filled it, and a build of hits alone may end before
+    # it forks its workers
+    env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"), KILN_CACHE="0")
     build = subprocess.Popen(  # -n 3: the build process and two workers
         [sys.executable, "-m", "kiln", "compile", "-n", "3"],
         cwd=project,
