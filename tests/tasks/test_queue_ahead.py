@@ -43,6 +43,10 @@ def _step(log: str, name: str, fail: bool = False):
     _log(log, f"start {name} {os.getpid()}")
     if fail:
         return False
+    # a task takes some time, as a real one does: with instant tasks the build process
+    # could start dozens of its own while the failed task's worker waited for a core,
+    # before the failure's result was even read (a loaded 2-core machine did)
+    time.sleep(0.005)
     _log(log, f"end {name}")
     return True
 
