@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from contextlib import nullcontext
+from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
 
 from kiln.cli_help import TASK_GROUPS
@@ -193,7 +193,7 @@ def cmd_clean(args) -> int:
         for flag, given in (("-n", args.dry_run), ("-a", args.all), ("-c", args.clean_dep))
         if given
     ] + (["--forget"] if args.forget else [])
-    with _locked(project):
+    with _locked(project), redirect_stdout(_WithoutCleanActionLines(sys.stdout)):
         rc = run_doit(project, ["clean", *flags, *names], instances=None if tasks else instances)
         if rc:
             return 2 if rc == 3 else rc  # doit's 3: a name that is not a task
@@ -203,6 +203,22 @@ def cmd_clean(args) -> int:
                 results += kiln_results(Path(project.out_dir), whole=True)
             _remove(results, Path(project.out_dir), dry_run=args.dry_run)
     return 0
+
+
+class _WithoutCleanActionLines:
+    """stdout without doit's "TASK - executing 'Python: function _clean'" before each
+    task: Kiln's clean action says itself what it removes (or would, under -n)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text.endswith(" - executing 'Python: function _clean'\n"):
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def kiln_results(directory: Path, *, whole: bool = False) -> list[Path]:

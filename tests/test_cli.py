@@ -49,6 +49,7 @@ def test_clean_filter_cleans_the_selected_instances_and_their_results_only(proje
     wide_before = [f for f in _files(out) if f.startswith(("gemm/wide/", "vector_add/"))]
 
     proc = run_kiln(project, "clean", "gemm.small", check=True)
+    assert "executing" not in proc.stdout  # doit's line per task: Kiln says what it removes
     assert "kiln: removed build/kiln/kernel/gemm/small/test-sim.json" in proc.stdout
     assert "kiln: removed build/kiln/kernel/gemm/small/bench-sim.json" in proc.stdout
     left = _files(out)
