@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -83,7 +84,16 @@ class Watcher:
         env = dict(os.environ, KILN_PIPELINE_FILE=str(self.pipeline))
         env.setdefault("KILN_VERBOSITY", "0")  # failures and the summary; -v shows every task
         started = time.monotonic()
-        rc = subprocess.run(self.command(), env=env, stdin=subprocess.DEVNULL).returncode
+        build = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL)
+        try:
+            rc = build.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached the build too (the terminal's whole group); a SIGTERM came
+            # to this process alone: pass it on, so the build stops as it would itself
+            if _terminated.is_set():
+                build.terminate()
+            build.wait()
+            raise
         result = Round(
             self.rounds,
             tuple(sorted(self._shown(p) for p in changed)),
@@ -199,8 +209,16 @@ class Watcher:
         print(line, file=self.out, flush=True)
 
 
+_terminated = threading.Event()  # the watch was stopped by SIGTERM, not Ctrl-C
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    _terminated.set()
+    raise KeyboardInterrupt
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
-    """`kiln watch`: Ctrl-C ends it with exit 0."""
+    """`kiln watch`: Ctrl-C, or SIGTERM (a terminal closed, `kill`), ends it with exit 0."""
     from kiln.tasks.project import find_pipeline
 
     if args.debounce < 0:
@@ -216,6 +234,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
         debounce_ms=args.debounce,
         poll=getattr(args, "poll", False),
     )
+    # SIGTERM stops it as Ctrl-C does, between rounds and during one alike (a build
+    # holding the lock would otherwise take it as its own Ctrl-C: exit 0 there, 143 here)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         return watcher.run()
     except KeyboardInterrupt:

@@ -109,7 +109,8 @@ def _wait_for(lines: queue.Queue, seen: list[str], text: str, timeout: float, po
     return False
 
 
-def test_kiln_watch_rebuilds_on_save_and_ctrl_c_exits_0(project):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_kiln_watch_rebuilds_on_save_and_ctrl_c_exits_0(project, stop):
     env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"))
     for name in ("KILN_OUT_DIR", "KILN_PIPELINE_FILE", "KILN_VERBOSITY"):
         env.pop(name, None)
@@ -134,7 +135,7 @@ def test_kiln_watch_rebuilds_on_save_and_ctrl_c_exits_0(project):
         poke = lambda: kernel.write_text(kernel.read_text() + f"\n# edit {next(edits)}\n")  # noqa: E731
         assert _wait_for(lines, seen, f"round 1: {KERNEL} changed: compile ok", 120, poke), seen
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)  # SIGTERM: a closed terminal, `kill`
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
