@@ -70,7 +70,7 @@ def project_name(root: Path, name: str | None = None) -> str:
 def project_files(name: str) -> dict[str, str]:
     """Relative path -> text of every file a new project gets."""
     return {
-        "pipeline.yaml": PIPELINE.format(schema=schema_reference(), name=json.dumps(name)),
+        "pipeline.yaml": PIPELINE.format(schema=schema_reference(), name=yaml_string(name)),
         "kernels/__init__.py": KERNELS_INIT,
         "kernels/example.py": EXAMPLE_KERNEL,
         "tests/test_example.py": EXAMPLE_TEST,
@@ -79,6 +79,19 @@ def project_files(name: str) -> dict[str, str]:
         ".gitignore": GITIGNORE,
         "README.md": README.format(name=name),
     }
+
+
+def yaml_string(text: str) -> str:
+    """``text`` as a YAML double-quoted scalar that keeps letters as typed.
+
+    json.dumps alone writes 'プロジェクト' as "\\u30d7..."; only what a reader
+    could not see (controls, line and paragraph separators) stays escaped.
+    """
+    quoted = json.dumps(text, ensure_ascii=False)
+    return "".join(
+        c if c.isprintable() else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
+        for c in quoted
+    )
 
 
 def schema_reference() -> str:

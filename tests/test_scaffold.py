@@ -133,3 +133,18 @@ def test_the_next_steps_quote_a_directory_name_a_shell_would_split(tmp_path):
     shell = subprocess.run(["bash", "-c", step.strip() + " && pwd"], cwd=tmp_path, text=True,
                            capture_output=True)  # fmt: skip
     assert shell.returncode == 0 and shell.stdout.strip().endswith("my proj-1")
+
+
+def test_a_unicode_project_name_is_written_as_typed_and_reads_back(tmp_path):
+    init_project(tmp_path / "プロジェクト")
+    text = (tmp_path / "プロジェクト/pipeline.yaml").read_text(encoding="utf-8")
+    assert 'project: "プロジェクト"\n' in text  # not "\u30d7\u30ed..."
+    assert yaml.safe_load(text)["project"] == "プロジェクト"
+
+
+@pytest.mark.parametrize("name", ['a"b\\c', "tab\there", "line\u2028sep", "tag\U000e0001"])
+def test_a_project_name_a_reader_cannot_see_stays_escaped_and_reads_back(tmp_path, name):
+    init_project(tmp_path, name=name)
+    text = (tmp_path / "pipeline.yaml").read_text(encoding="utf-8")
+    line = next(line for line in text.splitlines() if line.startswith("project: "))
+    assert line.isprintable() and yaml.safe_load(text)["project"] == name
