@@ -25,7 +25,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     width = max(len(p) for p in written)
     for path in written:
         print(f"  {path:<{width}}  {DESCRIPTIONS[path]}")
-    steps = ([f"cd {shlex.quote(shown)}"] if shown != "." else []) + [
+    # "./": `cd -dash` would read the name as an option
+    where = f"./{shown}" if shown.startswith("-") else shown
+    steps = ([f"cd {shlex.quote(where)}"] if shown != "." else []) + [
         "kiln compile      build the example kernel",
         "kiln test         check the simulator against the cpu oracle",
         "python -m pytest  run the kernel's own test",

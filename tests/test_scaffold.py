@@ -148,3 +148,11 @@ def test_a_project_name_a_reader_cannot_see_stays_escaped_and_reads_back(tmp_pat
     text = (tmp_path / "pipeline.yaml").read_text(encoding="utf-8")
     line = next(line for line in text.splitlines() if line.startswith("project: "))
     assert line.isprintable() and yaml.safe_load(text)["project"] == name
+
+
+def test_the_next_steps_cd_into_a_directory_whose_name_starts_with_a_dash(tmp_path):
+    proc = ok(run(tmp_path, "init", "--", "-proj"))
+    step = next(line for line in proc.stdout.splitlines() if line.strip().startswith("cd "))
+    shell = subprocess.run(["bash", "-c", step.strip() + " && pwd"], cwd=tmp_path, text=True,
+                           capture_output=True)  # fmt: skip
+    assert shell.returncode == 0 and shell.stdout.strip().endswith("/-proj"), shell.stderr
