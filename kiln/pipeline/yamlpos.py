@@ -155,6 +155,15 @@ def _mark_error(file: str, lines: tuple[str, ...], exc: Any) -> PipelineError:
         return PipelineError(f"invalid YAML: {problem}", Location(file), notes=notes)
     line, column = mark.line + 1, mark.column + 1
     source = lines[line - 1] if 1 <= line <= len(lines) else None
+    indent = (source or "")[: len(source or "") - len((source or "").lstrip(" \t"))]
+    if "\t" in indent:  # the parser's words ("cannot start any token") never say "tab"
+        return PipelineError(
+            "invalid YAML: a tab indents this line",
+            Location(file, line, indent.index("\t") + 1, None, source),
+            expected="indentation with spaces",
+            found="a tab character",
+            hint="replace the tab with spaces: YAML does not allow tabs in indentation",
+        )
     return PipelineError(
         f"invalid YAML: {problem}",
         Location(file, line, column, None, source),

@@ -97,6 +97,9 @@ CASES = [
     # 1. YAML syntax
     Case("yaml_syntax", ("out_dir: build/kiln/kernel", "out_dir: build/kiln/kernel: oops"),
          "invalid YAML", None, "^out_dir:", at=": oops"),
+    Case("yaml_tab_indentation", ("  gemm:\n    dtype: f32", "  gemm:\n\tdtype: f32"),
+         "a tab indents this line", None, "\tdtype: f32", at="\t",
+         hint="replace the tab with spaces: YAML does not allow tabs in indentation"),
     Case("yaml_unclosed_flow_mapping", ("small: {M: 64, N: 128}", "small: {M: 64, N: 128"),
          "invalid YAML", None, "large: {M: 512, N: 256}"),
     # 2. duplicate keys
