@@ -40,7 +40,7 @@ def init_project(root: Path, name: str | None = None) -> list[str]:
     """Write the project's files under ``root``; their paths, relative to it.
 
     Raises KilnError (exit 2), writing nothing, when ``root`` is a file or any
-    of the files already exists.
+    of the files already exists; an OSError midway takes back what was written.
     """
     if root.exists() and not root.is_dir():
         raise KilnError(
@@ -57,12 +57,29 @@ def init_project(root: Path, name: str | None = None) -> list[str]:
             hint="choose a new or empty directory (kiln init DIR), or move these files away; "
             "nothing was written",
         )
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "x", encoding="utf-8") as f:  # "x": never replace a file
-            f.write(text)
+    made: list[Path] = []  # what this call created, to take back if a write fails
+    try:
+        for rel, text in files.items():
+            path = root / rel
+            new_dirs = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            made += reversed(new_dirs)
+            with open(path, "x", encoding="utf-8") as f:  # "x": never replace a file
+                made.append(path)
+                f.write(text)
+    except OSError:
+        _remove(made)  # a half-written project would make the retry refuse to overwrite
+        raise
     return list(files)
+
+
+def _remove(made: list[Path]) -> None:
+    """Delete the files and then the directories ``made``, newest first, as far as possible."""
+    for path in reversed(made):
+        try:
+            path.rmdir() if path.is_dir() else path.unlink()
+        except OSError:
+            pass
 
 
 def project_name(root: Path, name: str | None = None) -> str:

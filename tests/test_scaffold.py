@@ -156,3 +156,24 @@ def test_the_next_steps_cd_into_a_directory_whose_name_starts_with_a_dash(tmp_pa
     shell = subprocess.run(["bash", "-c", step.strip() + " && pwd"], cwd=tmp_path, text=True,
                            capture_output=True)  # fmt: skip
     assert shell.returncode == 0 and shell.stdout.strip().endswith("/-proj"), shell.stderr
+
+
+def test_a_write_that_fails_midway_leaves_nothing_behind_so_a_retry_works(tmp_path, monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+
+    def failing_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith("example.py") and "x" in mode:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    (tmp_path / "mine.txt").write_text("mine\n")
+    monkeypatch.setattr(builtins, "open", failing_open)
+    with pytest.raises(PermissionError):
+        init_project(tmp_path / "p")
+    with pytest.raises(PermissionError):
+        init_project(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert "kernels/example.py" in init_project(tmp_path)  # the retry is not refused
