@@ -377,7 +377,8 @@ def _add_project_commands(sub) -> None:
         "init",
         description="Write a new project into DIR (default: the working directory): "
         "pipeline.yaml, a kernels package with one example kernel, a pytest test for it, "
-        "dodo.py, .gitignore and a README. Refuses to overwrite any file.",
+        "dodo.py, pyproject.toml (pytest settings), .gitignore and a README. "
+        "Refuses to overwrite any file.",
         epilog="example:\n  kiln init myproj && cd myproj && kiln compile && kiln test",
     )
     n.add_argument(

@@ -1,9 +1,10 @@
 """`kiln init [DIR]`: a new project that compiles and tests the moment it is written.
 
-Writes pipeline.yaml (complete: stages, machine and targets spelled out, so
-it builds with any Kiln that reads it), a kernels package with one example
-kernel, a pytest test of it, dodo.py for plain `doit`, .gitignore and a
-README. It never overwrites a file: if any exists, nothing is written.
+Writes pipeline.yaml (project, packages, kernels and the two targets it
+tests on; Kiln's built-in stages and machines fill in the rest), a kernels
+package with one example kernel, a pytest test of it, dodo.py for plain
+`doit`, pyproject.toml (pytest settings), .gitignore and a README. It never
+overwrites a file: if any exists, nothing is written.
 """
 
 from __future__ import annotations

@@ -177,3 +177,16 @@ def test_a_write_that_fails_midway_leaves_nothing_behind_so_a_retry_works(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
     monkeypatch.setattr(builtins, "open", real_open)
     assert "kernels/example.py" in init_project(tmp_path)  # the retry is not refused
+
+
+def test_init_help_and_the_quickstart_name_every_file_init_writes():
+    from kiln.cli_parser import build_parser, subcommands
+
+    init = next(p for name, p, _ in subcommands(build_parser()) if name == "init")
+    quickstart = (Path(__file__).resolve().parent.parent / "docs/quickstart.md").read_text()
+    said = next(line for line in quickstart.splitlines() if line.startswith("kiln init myproj"))
+    for rel in project_files("x"):
+        top = rel.split("/")[0]
+        assert top + ("/" if "/" in rel else "") in said, (rel, said)
+        word = {"kernels": "kernels package", "tests": "pytest test", "README.md": "README"}
+        assert word.get(top, top) in init.description, (rel, init.description)
