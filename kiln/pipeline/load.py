@@ -294,6 +294,15 @@ def _unknown(smap: Positions, what: str, name: str, key_path: str, choices: Any,
 
 
 def _check_references(data: dict[str, Any], smap: Positions, root: Path) -> None:
+    if not data["kernels"] and not data.get("apps"):  # an app's calls compile on first use
+        raise smap.error(
+            "'kernels' declares no kernel, so there is nothing to build",
+            "kernels",
+            value=True,
+            expected="at least one kernel, such as `gemm: {shapes: {M: 64}}`",
+            found="an empty mapping",
+            hint="name a @device function of your packages under `kernels:`",
+        )
     machines = data.get("machines") or {}
     stages: dict[str, int] = {}
     for i, stage in enumerate(data["stages"]):

@@ -163,6 +163,9 @@ CASES = [
          "project", "^out_dir:", found="keys: out_dir, cache, packages,"),
     Case("stages_empty", _replace_block("stages", "stages: []\n"), "'stages' must not be empty",
          "stages", "^stages: []", at="[]"),
+    Case("kernels_empty", lambda text: _replace_block("kernels", "kernels: {}\n")(
+        _drop_block("dumps")(_drop_block("apps")(text))),
+         "declares no kernel", "kernels", "^kernels: {}", at="{}", found="an empty mapping"),
     Case("missing_shapes", ("  transpose:\n    dtype: f32\n    shapes:\n" + TRANSPOSE,
                             "  transpose:\n    dtype: f32\n"),
          "missing required key 'shapes'", "kernels.transpose.shapes", "transpose:", at="transpose"),
