@@ -154,17 +154,27 @@ class Project:
         return self.machine(self.pipeline.kernel(kernel).machine)
 
     # -- kernels --------------------------------------------------------
+    def _missing_package(self, index: int, package: str) -> PipelineError:
+        """A package that gave no module: most often a new directory without __init__.py."""
+        rel = Path(*package.split("."))
+        plain_dir = (self.root / rel).is_dir()
+        init = (rel / "__init__.py").as_posix()
+        return PipelineError(
+            f"kernel package {package!r} is a directory without __init__.py"
+            if plain_dir
+            else f"kernel package {package!r} was not found",
+            location=self.pipeline.locate(f"packages[{index}]", value=True),
+            expected=f"a package directory or module under {self.root}",
+            found=f"{rel.as_posix()}/, no {init}" if plain_dir else package,
+            hint=f"add an empty {init}" if plain_dir else None,
+        )
+
     def _resolve_kernels(self) -> dict[str, KernelSource]:
         modules = []
         for index, package in enumerate(self.pipeline.packages):
             infos = self.discovery.scan_packages((package,))
             if not infos:
-                raise PipelineError(
-                    f"kernel package {package!r} was not found",
-                    location=self.pipeline.locate(f"packages[{index}]", value=True),
-                    expected=f"a package directory or module under {self.root}",
-                    found=package,
-                )
+                raise self._missing_package(index, package)
             modules.extend(infos)
         for info in modules:
             if info.syntax_error:

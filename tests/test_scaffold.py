@@ -190,3 +190,18 @@ def test_init_help_and_the_quickstart_name_every_file_init_writes():
         assert top + ("/" if "/" in rel else "") in said, (rel, said)
         word = {"kernels": "kernels package", "tests": "pytest test", "README.md": "README"}
         assert word.get(top, top) in init.description, (rel, init.description)
+
+
+def test_a_new_package_directory_without_init_py_is_named_as_such(tmp_path):
+    ok(run(tmp_path, "init", "p"))
+    project = tmp_path / "p"
+    (project / "ops").mkdir()
+    (project / "ops/act.py").write_text("from kiln import device\n")
+    pipeline = project / "pipeline.yaml"
+    pipeline.write_text(pipeline.read_text().replace("  - kernels\n", "  - kernels\n  - ops\n"))
+    proc = run(project, "status")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "kernel package 'ops' is a directory without __init__.py" in proc.stderr, proc.stderr
+    assert "hint: add an empty ops/__init__.py" in proc.stderr
+    (project / "ops/__init__.py").write_text("")
+    ok(run(project, "status"))
