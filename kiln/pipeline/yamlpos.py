@@ -245,10 +245,10 @@ class _Builder:
 
     def mapping(self, node: yaml.MappingNode, path: str) -> dict[str, Any]:
         result: dict[str, Any] = {}
-        merges: list[yaml.Node] = []
+        merges: list[tuple[yaml.Node, yaml.Node]] = []
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE_TAG:
-                merges.append(value_node)
+                merges.append((key_node, value_node))
                 continue
             key = self.key_text(key_node, path)
             sub = child_path(path, key)
@@ -264,15 +264,19 @@ class _Builder:
                 )
             self.record(sub, key_node, value_node)
             result[key] = self.build(value_node, sub)
-        for merge in merges:  # explicit keys win; among merged mappings, the first wins
+        for merge_key, merge in merges:  # explicit keys win; among merged mappings, the first wins
             sources = merge.value if merge.id == "sequence" else [merge]
             for source in sources:
-                if source.id != "mapping":
-                    raise self.smap.error(
+                if source.id != "mapping":  # at the `<<` (an alias's node sits at its anchor)
+                    line, col = self.pos(merge_key)
+                    found = "a list" if source.id == "sequence" else f"the value {source.value!r}"
+                    found += f" (line {self.pos(source)[0]})" if self.pos(source)[0] != line else ""
+                    raise PipelineError(
                         "a '<<' merge key needs a mapping or a list of mappings",
-                        path,
+                        Location(self.smap.file, line, col, path or None, self.smap.source(line)),
                         expected="an alias of a mapping",
-                        found=source.tag,
+                        found=found,
+                        hint="anchor a mapping (`base: &base {...}`), then write `<<: *base`",
                     )
                 self.merging += 1
                 try:

@@ -107,6 +107,9 @@ CASES = [
          "duplicate key 'gemm'", "kernels.gemm", "gemm:  # again", at="gemm:", found="line 21"),
     Case("duplicate_dim_in_flow_mapping", ("small: {M: 64, N: 128}", "small: {M: 64, M: 128}"),
          "duplicate key 'M'", "kernels.transpose.shapes.small.M", "{M: 64, M: 128}", at="M: 128"),
+    Case("merge_key_of_a_scalar", ("small: {M: 64, N: 128}", "small: {<<: 64, N: 128}"),
+         "'<<' merge key needs a mapping", "kernels.transpose.shapes.small",
+         "{<<: 64, N: 128}", at="<<", found="the value '64'"),
     Case("non_scalar_key", ("  check: timestamp\n", "  check: timestamp\n  [a, b]: 1\n"),
          "mapping keys must be plain names", "cache", "[a, b]: 1", at="[a, b]"),
     # 3. top level
