@@ -107,6 +107,11 @@ def all_task_dicts(project: Project, instances=None, groups=None):
         yield "report", report_tasks(project, instances)
 
 
+def group_doc(basename: str, project: Project) -> str:
+    """What `kiln list` and `doit list` say of a task group (doit's doc of the generator)."""
+    return f"{basename} tasks of {project.pipeline.project}"
+
+
 class KilnLoader(TaskLoader2):
     """Builds doit tasks straight from pipeline.yaml: no dodo.py needed."""
 
@@ -136,7 +141,7 @@ class KilnLoader(TaskLoader2):
         with user_errors_abort():
             tasks = []
             for basename, gen in all_task_dicts(self.project, self._instances, self._groups):
-                tasks.extend(generate_tasks(basename, gen))
+                tasks.extend(generate_tasks(basename, gen, group_doc(basename, self.project)))
         log.info("loaded %d tasks from %s", len(tasks), self.project.pipeline_path)
         return tasks
 
@@ -187,7 +192,7 @@ def dodo_namespace(start: Path | None = None) -> dict:
                 yield from _gen
 
         task_fn.__name__ = f"task_{basename}"
-        task_fn.__doc__ = f"{basename} tasks of {project.pipeline.project}"
+        task_fn.__doc__ = group_doc(basename, project)
         ns[f"task_{basename}"] = task_fn
     return ns
 

@@ -27,6 +27,12 @@ def test_doit_commands_pass_through(project):
     run_kiln(project, "forget", check=True)
 
 
+def test_kiln_list_says_what_each_task_group_is_as_doit_list_does(project):
+    listed = run_kiln(project, "list", check=True).stdout.splitlines()
+    assert [line.split()[0] for line in listed] == ["compile", "report", "test"]
+    assert all(line.endswith(" tasks of e2e") and line == line.rstrip() for line in listed), listed
+
+
 def _files(root) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
