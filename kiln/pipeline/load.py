@@ -255,7 +255,7 @@ def _value_problem(
         types = [rule] if isinstance(rule, str) else rule
         expected = " or ".join(_TYPE_WORDS.get(t, t) for t in types)
         expected += f" ({title})" if title else ""
-        return f"wrong type for {where}", expected, describe(value), None
+        return f"wrong type for {where}", expected, describe(value), _type_hint(types, value)
     if kind in _RANGE_WORDS:
         integer = isinstance(value, int) and "integer" in str(schema.get("type"))
         expected = f"{'an integer' if integer else 'a number'} {_RANGE_WORDS[kind]} {rule}"
@@ -279,6 +279,23 @@ def _value_problem(
     if kind in ("minItems", "minProperties", "minLength") and rule == 1:
         return f"{where} must not be empty", "at least one entry", describe(value), None
     return None, None, None, None
+
+
+def _type_hint(types: list[str], value: Any) -> str | None:
+    """How to write a value YAML typed otherwise than meant: `yes` is a boolean, "8" a string."""
+    if "string" in types and isinstance(value, bool):
+        return "YAML reads unquoted yes/no/on/off/true/false as a boolean: quote the word"
+    if "string" in types and isinstance(value, int | float):
+        return f'quote it to make it a string: "{value}"'
+    if isinstance(value, str) and ("integer" in types or "number" in types):
+        try:
+            number = float(value) if "number" in types else int(value)
+        except ValueError:
+            return None
+        return f"write the number without quotes: {number}"
+    if isinstance(value, str) and "boolean" in types and value.lower() in ("true", "false"):
+        return f"write {value.lower()} without quotes"
+    return None
 
 
 # -- references and other checks the schema cannot express ---------------------------
