@@ -191,6 +191,9 @@ def run_tests(project: Project, instances: list, args) -> int:
         make_runner(project, t)  # unknown target: error before building anything
     # every instance that builds is tested; one that does not is an error of each target
     unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
+    from kiln.logconfig import verbosity
+
+    quiet = verbosity() == 0  # -q: only failures (fail, error) and the summary
     reports = []
     for inst in instances:
         if inst.name in unbuilt:
@@ -198,7 +201,8 @@ def run_tests(project: Project, instances: list, args) -> int:
         else:
             found = check_instance(project, inst, targets, args.seed)
         for report in found:
-            print(format_report(report), flush=True)
+            if not (quiet and report["status"] in ("pass", "skipped")):
+                print(format_report(report), flush=True)
             reports.append(report)
             save_test_report(inst.out_dir, report)  # the last result, for `kiln view`
     counts = {

@@ -33,6 +33,13 @@ def test_kiln_list_says_what_each_task_group_is_as_doit_list_does(project):
     assert all(line.endswith(" tasks of e2e") and line == line.rstrip() for line in listed), listed
 
 
+def test_quiet_test_prints_only_failures_and_the_summary(project):
+    quiet = run_kiln(project, "-q", "test", "vector_add", "--target", "sim", check=True).stdout
+    assert "PASS" not in quiet and "kiln test: 1 pass, 0 fail, 0 error, 0 skipped" in quiet, quiet
+    loud = run_kiln(project, "test", "vector_add", "--target", "sim", check=True).stdout
+    assert "PASS    vector_add.small @ sim" in loud
+
+
 def _files(root) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
