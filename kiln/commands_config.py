@@ -185,7 +185,9 @@ def _flow(value: Any) -> str:
     """``value`` as one line of YAML (a flow collection or a plain scalar)."""
     import yaml
 
-    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=2**31)
+    text = yaml.safe_dump(
+        value, default_flow_style=True, sort_keys=False, width=2**31, allow_unicode=True
+    )
     return text.removesuffix("\n").removesuffix("\n...").strip()
 
 

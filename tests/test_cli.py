@@ -40,6 +40,14 @@ def test_quiet_test_prints_only_failures_and_the_summary(project):
     assert "PASS    vector_add.small @ sim" in loud
 
 
+def test_config_shows_a_unicode_project_name_as_written(tmp_path):
+    from kiln.scaffold import init_project
+
+    init_project(tmp_path, name="プロジェクト")
+    shown = run_kiln(tmp_path, "config", check=True).stdout
+    assert 'project: "プロジェクト"' in shown or "project: プロジェクト" in shown, shown
+
+
 def _files(root) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
