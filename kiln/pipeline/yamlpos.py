@@ -361,11 +361,16 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, SourceMap]:
             line = raw[: exc.start].count(b"\n") + 1
             column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
             bad = raw[exc.start : exc.end].hex(" ")
+            found = f"byte(s) {bad} at line {line}, column {column}"
+            if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):  # what Windows editors call "Unicode"
+                found = f"UTF-16 text (it starts with the byte order mark {raw[:2].hex(' ')})"
+            shown = raw.split(b"\n")[line - 1].rstrip(b"\r").decode("utf-8", "replace")
             raise PipelineError(
                 f"pipeline file is not UTF-8 text: {exc.reason}",
-                Location(file, line, column),
+                Location(file, line, column, None, shown),
                 expected="UTF-8 text",
-                found=f"byte(s) {bad} at line {line}, column {column}",
+                found=found,
+                hint="save the file with the UTF-8 encoding (your editor's 'Save with Encoding')",
             ) from None
         except OSError as exc:
             raise PipelineError(

@@ -82,3 +82,20 @@ def test_huge_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
     path.write_text("# " + "x" * 2000 + "\n")
     with pytest.raises(PipelineError, match="too large"):
         load_yaml(path)
+
+
+def test_utf16_file_is_named_and_the_fix_given(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_bytes("project: demo\n".encode("utf-16"))
+    with pytest.raises(PipelineError, match="not UTF-8") as info:
+        load_yaml(path)
+    assert "UTF-16" in info.value.found and "UTF-8" in info.value.hint
+
+
+def test_latin1_byte_is_shown_in_its_line(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_bytes("project: demo\nkernels: {b\xe4d: 1}\n".encode("latin-1"))
+    with pytest.raises(PipelineError, match="not UTF-8") as info:
+        load_yaml(path)
+    loc = info.value.location
+    assert (loc.line, loc.column, loc.source) == (2, 12, "kernels: {b\ufffdd: 1}")
