@@ -170,7 +170,20 @@ def _mark_error(file: str, lines: tuple[str, ...], exc: Any) -> PipelineError:
         expected="valid YAML",
         found=problem,
         notes=notes,
+        hint=_INDENT_HINT if problem in _INDENT_PROBLEMS else None,
     )
+
+
+# What the parser says when a line is indented too little or too much.
+_INDENT_PROBLEMS = (
+    "did not find expected key",
+    "mapping values are not allowed in this context",
+    "did not find expected '-' indicator",
+)
+_INDENT_HINT = (
+    "check the indentation of this line and the one above: the keys of one mapping "
+    "start in the same column, and a key's value is indented further than the key"
+)
 
 
 class _Builder:

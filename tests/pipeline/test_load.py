@@ -100,6 +100,11 @@ CASES = [
     Case("yaml_tab_indentation", ("  gemm:\n    dtype: f32", "  gemm:\n\tdtype: f32"),
          "a tab indents this line", None, "\tdtype: f32", at="\t",
          hint="replace the tab with spaces: YAML does not allow tabs in indentation"),
+    Case("yaml_key_indented_too_little",
+         ("  gemm:\n    dtype: f32\n", "  gemm:\n    dtype: f32\n   function: kernels.gemm\n"),
+         "did not find expected key", None, "^   function:", at="function",
+         hint="check the indentation of this line and the one above: the keys of one mapping "
+         "start in the same column, and a key's value is indented further than the key"),
     Case("yaml_unclosed_flow_mapping", ("small: {M: 64, N: 128}", "small: {M: 64, N: 128"),
          "invalid YAML", None, "large: {M: 512, N: 256}"),
     # 2. duplicate keys
