@@ -116,7 +116,7 @@ def yaml_string(text: str) -> str:
 
 def schema_reference() -> str:
     """Where editors find pipeline.yaml's JSON Schema: the one this Kiln ships."""
-    from kiln.pipeline.load import SCHEMA_PATH
+    from kiln.pipeline.schema import SCHEMA_PATH
 
     return os.fspath(SCHEMA_PATH.resolve())
 

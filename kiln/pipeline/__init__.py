@@ -4,13 +4,7 @@ Importing this package is cheap: PyYAML and jsonschema are imported only
 when a pipeline is actually parsed (not on a cache hit).
 """
 
-from kiln.pipeline.load import (
-    BUILTIN_RUNNERS,
-    SCHEMA_PATH,
-    load_pipeline,
-    load_pipeline_cached,
-    load_schema,
-)
+from kiln.pipeline.load import BUILTIN_RUNNERS, load_pipeline, load_pipeline_cached
 from kiln.pipeline.model import (
     DEFAULT_OUT_DIR,
     OUT_DIR_ENV,
@@ -21,6 +15,7 @@ from kiln.pipeline.model import (
     StageSpec,
     TargetSpec,
 )
+from kiln.pipeline.schema import SCHEMA_PATH, load_schema
 from kiln.pipeline.yamlpos import SourceMap, did_you_mean
 
 __all__ = [
