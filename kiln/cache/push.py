@@ -43,8 +43,9 @@ def push(local: LocalStore, remote: RemoteStore, threads: int = PUSH_THREADS) ->
         if present:
             return "present", 0
         digests = local.get_action(key)
-        outputs = local.lookup(key)  # verified: a damaged blob is dropped, never sent
-        if digests is None or outputs is None:
+        # each blob verified against its digest: a damaged one is dropped, never sent
+        outputs = {name: local.get_blob(d) for name, d in (digests or {}).items()}
+        if not outputs or None in outputs.values():
             return "damaged", 0
         sent = remote.store(key, outputs, digests)
         return ("stopped", 0) if remote.broken else ("pushed", sent)
