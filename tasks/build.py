@@ -58,10 +58,9 @@ def compile_instances(
         from kiln.tasks.remote_exec import close_clients, prestart
 
         prestart(executor, [stage.module for stage in project.pipeline.stages])
-        # actions submit to Dask and wait: doit's thread runner gives the parallelism
-        # enough threads to keep several batches in flight (see tasks/chain_batches.py)
-        # (capped: past that, more threads only add chains that a lost cluster sends home)
-        argv = ["run", "-P", "thread", "-n", str(min(max(jobs * 16, 16), 64)), *names]
+        # doit's plain runner, which sends chains to Dask ahead (tasks/ahead_runner.py);
+        # -n is the LocalCluster's worker count, not doit's
+        argv = ["run", *names]
     try:
         rc = run_doit(project, argv, fail_fast=fail_fast, instances=instances, groups=("compile",))
     finally:

@@ -51,6 +51,12 @@ class Settled(NamedTuple):
 _settled: dict[str, Settled] = {}
 
 
+def is_settled(spec: dict) -> bool:
+    """Whether a walk wrote this stage's artifact ahead of its task (checked when it runs)."""
+    settled = _settled.get(spec["artifact"])
+    return settled is not None and settled.spec is spec
+
+
 def _stat(path: str) -> tuple[int, int, int] | None:
     try:
         return fsutil.stat_identity(os.stat(path))

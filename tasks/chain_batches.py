@@ -69,6 +69,10 @@ class ChainBatcher:
 
     def run(self, payload: dict) -> dict:
         """This chain's result (``run_chain``'s), once its batch is back; raises its error."""
+        return self.submit(payload).result()
+
+    def submit(self, payload: dict) -> Future:
+        """A Future of this chain's result; raises at once when the batcher is closed."""
         slot: Future = Future()
         with self._cond:
             if self._closed:
@@ -77,7 +81,7 @@ class ChainBatcher:
                 self._first_at = time.monotonic()
             self._open.append((payload, slot))
             self._cond.notify()
-        return slot.result()
+        return slot
 
     def close(self, error: BaseException | None = None) -> None:
         """Stop sending; every action still waiting gets ``error`` (default BatcherClosed)."""

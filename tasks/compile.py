@@ -197,6 +197,14 @@ def _run_stage(spec: dict):
     return run_stage(spec)
 
 
+def stage_spec(task) -> dict | None:
+    """The spec a compile task's stage action runs with; None for any other task."""
+    actions = task.actions
+    if len(actions) == 1 and getattr(actions[0], "py_callable", None) is _run_stage:
+        return actions[0].args[0]
+    return None
+
+
 # doit reads an action's signature on every call (to offer it targets, changed, ...):
 # given once, it is not worked out again for each of a build's thousands of tasks
 _run_stage.__signature__ = inspect.signature(_run_stage)

@@ -21,6 +21,8 @@ import os
 import signal
 import socket
 import threading
+from concurrent.futures import Future
+from typing import NamedTuple
 
 from kiln.tasks.cached import resolved_options, sources_identity, stage_key
 from kiln.tasks.digest import stage_module_info
@@ -62,6 +64,18 @@ def dask_client(executor: dict):
                 return None
             _reported.add(key)
         raise dataclasses.replace(err, notes=[]) from None
+
+
+def connected_client(executor: dict):
+    """The build's Client when it is (or can be) connected; None, never an error.
+
+    For chains sent ahead of their tasks: a connection error is the first
+    action's to report (``dask_client``), with the action's own notes.
+    """
+    try:
+        return _connect(executor)
+    except KilnError:
+        return None
 
 
 def _connect(executor: dict):
@@ -256,6 +270,7 @@ def close_clients() -> None:
     from kiln.tasks.chain_batches import close_batchers
 
     close_batchers()
+    _ahead.clear()  # chains sent ahead of tasks that never ran (a failure, Ctrl-C)
     with _client_lock:
         clients = list(_clients.values())
         _clients.clear()
@@ -313,21 +328,64 @@ def chain_payload(spec: dict) -> tuple[dict, list[dict]]:
     return payload, chain
 
 
+class SentAhead(NamedTuple):
+    """A chain sent to the cluster before its first task ran (tasks/chains_ahead.py)."""
+
+    sent: tuple  # the kernel sources' identity when their bytes were read
+    payload: dict
+    chain: list[dict]
+    client: object
+    result: Future  # run_chain's result, once its batch is back
+
+
+# the first stage's artifact path -> its chain on the cluster; taken by that stage's action
+_ahead: dict[str, SentAhead] = {}
+
+
+def send_ahead(spec: dict) -> Future | None:
+    """Send the chain from ``spec`` now; its action takes the result (run_chain_remotely).
+
+    None: not sent (no cluster, or it is being given up); the action then
+    does what it would have done anyway.
+    """
+    from kiln.tasks.chain_batches import BatcherClosed, ClusterLost, batcher_for
+
+    client = connected_client(spec["executor"])
+    if client is None:
+        return None
+    sent = sources_identity(spec)
+    payload, chain = chain_payload(spec)
+    try:
+        result = batcher_for(client).submit(payload)
+    except (BatcherClosed, ClusterLost):
+        return None
+    _ahead[spec["artifact"]] = SentAhead(sent, payload, chain, client, result)
+    return result
+
+
 def run_chain_remotely(spec: dict, session) -> dict[str, dict[str, bytes]]:
     """Run the chain from ``spec`` on Dask and store every stage's output in ``session``.
 
     Returns the outputs by action key, so the caller writes them without
     reading them back from the store; empty when the chain was not built there.
+    A chain sent ahead of this action (``send_ahead``) is not sent again.
     """
-    sent = sources_identity(spec)
-    payload, chain = chain_payload(spec)
-    client = dask_client(spec["executor"])
-    if client is None:
-        return {}
     from kiln.tasks.chain_batches import BatcherClosed, ClusterLost, batcher_for
 
+    ahead = _ahead.pop(spec["artifact"], None)
+    if ahead is not None and ahead.chain[0] is spec:
+        sent, payload, chain, client, slot = ahead
+    else:
+        sent = sources_identity(spec)
+        payload, chain = chain_payload(spec)
+        client = dask_client(spec["executor"])
+        if client is None:
+            return {}
+        slot = None
     try:
-        result = batcher_for(client).run(payload)
+        if slot is None:
+            slot = batcher_for(client).submit(payload)
+        result = slot.result()
     except ClusterLost as exc:  # no workers, or no scheduler, for too long
         give_up(spec["executor"], client, str(exc), exc.no_workers)
         return {}

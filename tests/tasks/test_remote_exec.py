@@ -123,6 +123,17 @@ class FakeClient:
         self.closed = True
 
 
+class FakeBatcher:
+    """A batcher whose chains come back at once, from ``run``."""
+
+    def submit(self, payload):
+        from concurrent.futures import Future
+
+        slot = Future()
+        slot.set_result(self.run(payload))
+        return slot
+
+
 def test_a_lost_cluster_is_one_warning_and_later_chains_go_local_at_once(fresh, capfd):
     client = FakeClient()
     executor = {"kind": "dask", "address": "tcp://h:8786", "workers": 2, "source": "--scheduler"}
@@ -189,7 +200,7 @@ def test_an_unwritable_store_costs_a_dask_build_its_cache_not_the_chain(fresh, t
     for spec in (lir, sched):
         spec["chain"] = [lir, sched]
 
-    class Batcher:
+    class Batcher(FakeBatcher):
         def run(self, payload):
             return {"outputs": [{"artifact": b"lir bytes"}, {"artifact": b"sched bytes"}]}
 
@@ -225,7 +236,7 @@ def test_a_source_saved_while_its_chain_is_out_is_never_stored_under_its_key(fre
     spec.update(artifact=str(tmp_path / "out" / "graph.json"), cache=config.to_dict())
     spec["chain"] = [spec]
 
-    class Batcher:
+    class Batcher(FakeBatcher):
         def run(self, payload):
             (sent,) = payload["sources"].values()
             if sent == b"version 1":  # saved while the worker traces what was sent

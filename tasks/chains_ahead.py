@@ -1,0 +1,94 @@
+"""Which stage tasks send their chain to Dask before they run (see tasks/ahead_runner.py).
+
+A task whose stage the cache lacks, under the dask executor, sends the
+chain from its stage at once and runs once the chain is back: its action
+then writes the outputs as it would have after waiting for them itself
+(tasks/remote_exec.py ``run_chain_remotely``). Every other task runs at
+once: one the cache holds, one written by its chain's walk, one that
+dumps (dumps are made here), one whose action will report an error.
+
+With a remote cache the lookup is an answer away (up to its timeout): it
+is asked on one of ``LOOKUP_THREADS`` threads, which fetch the chain's run
+of actions into the local store, as the task itself would, or send the
+chain when the remote lacks it.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+LOOKUP_THREADS = 16
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def begin_task(task) -> Future | None:
+    """A Future settled when ``task`` may run (its chain is back); None: run it now."""
+    from kiln.tasks.compile import stage_spec
+
+    spec = stage_spec(task)
+    if spec is None or "executor" not in spec:
+        return None
+    try:
+        return begin(spec)
+    except Exception:  # the action meets the same problem and reports it
+        return None
+
+
+def begin(spec: dict) -> Future | None:
+    """``begin_task`` for the stage ``spec`` of a build with the dask executor."""
+    from kiln.tasks.cached import is_settled
+
+    from kiln.cache.config import CacheConfig
+    from kiln.cache.session import session_for
+
+    settings = spec.get("cache")
+    if not settings or not settings.get("enabled") or spec["dumps"] or is_settled(spec):
+        return None  # built here, or written by its chain's walk
+    session = session_for(CacheConfig(**settings))
+    if session.remote is None:
+        return _send_unless_stored(spec, session)
+    ready: Future = Future()
+    _lookup_pool().submit(_look_up_then_send, spec, session, ready)
+    return ready
+
+
+def _send_unless_stored(spec: dict, session) -> Future | None:
+    from kiln.tasks.cached import stage_key
+    from kiln.tasks.remote_exec import send_ahead
+
+    if session.local.get_action(stage_key(spec)) is not None:
+        return None
+    return send_ahead(spec)
+
+
+def _look_up_then_send(spec: dict, session, ready: Future) -> None:
+    """On a lookup thread: fetch the chain from the remote, or send it; then settle ``ready``."""
+    from kiln.tasks.cached import stage_key
+    from kiln.tasks.prefetch import chain_id, keys_after
+
+    sent = None
+    try:
+        session.claim(chain_id(spec))  # a walk fetching it ahead is waited for
+        key = stage_key(spec)
+        if session.local.get_action(key) is None:
+            chain = spec["chain"]
+            session.fetch_run(key, keys_after(chain, spec["stage_index"], None, stage_key), ahead=True)
+        if session.local.get_action(key) is None:
+            sent = _send_unless_stored(spec, session)
+    except Exception:  # the task itself meets it again and says so
+        sent = None
+    if sent is None:
+        ready.set_result(None)
+    else:
+        sent.add_done_callback(lambda _: ready.set_result(None))
+
+
+def _lookup_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="kiln-lookup")
+        return _pool
