@@ -359,6 +359,11 @@ def _run(program: visa.Program, options: Options, machine: dict) -> Program:
 # -- stage protocol --------------------------------------------------------------------
 
 
+# decode(serialize(ir)) gives the next stage an IR it cannot tell from ``ir``: a chain on
+# a Dask worker hands ``ir`` on as it is (tasks/chain_worker.py; tests/tasks/test_chain_worker.py)
+EXACT_ROUND_TRIP = True
+
+
 def serialize(program: Program) -> bytes:
     return program.to_msgpack()
 

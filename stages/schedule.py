@@ -214,6 +214,11 @@ def _list_schedule(kind_of, bound, lat, preds, counts, prio, queues):
     return start, unit
 
 
+# decode(serialize(ir)) gives the next stage an IR it cannot tell from ``ir``: a chain on
+# a Dask worker hands ``ir`` on as it is (tasks/chain_worker.py; tests/tasks/test_chain_worker.py)
+EXACT_ROUND_TRIP = True
+
+
 def serialize(sp: ScheduledProgram) -> bytes:
     return sp.to_msgpack()
 

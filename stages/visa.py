@@ -85,6 +85,11 @@ def _run(graph: Graph, options: Options, machine: dict) -> tuple[visa.Program, l
     return program, emitter.origins
 
 
+# decode(serialize(ir)) gives the next stage an IR it cannot tell from ``ir``: a chain on
+# a Dask worker hands ``ir`` on as it is (tasks/chain_worker.py; tests/tasks/test_chain_worker.py)
+EXACT_ROUND_TRIP = True
+
+
 def serialize(program: visa.Program) -> bytes:
     return visa.print_program(program).encode()
 

@@ -28,7 +28,7 @@ import threading
 import time
 from concurrent.futures import Future
 
-BATCH_SIZE = 8
+BATCH_SIZE = 16
 LINGER = 0.004  # seconds the first chain of a partial batch waits for company
 AHEAD_PER_WORKER = 1  # batches on the cluster per worker before a partial one waits to fill
 # (2 measured slower: with doit's 32 threads, more out meant fewer chains left to fill the next)

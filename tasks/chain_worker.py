@@ -97,6 +97,7 @@ def _run_stages(payload: dict, work: Path, root: Path | None) -> list[dict[str, 
     outputs: list[bytes] = []
     previous_module = payload.get("input_module")
     data = payload.get("input")
+    handed_on = None  # the previous stage's IR, when it may skip its bytes (EXACT_ROUND_TRIP)
     graph_sha = payload.get("graph_sha256")
     for index, stage in enumerate(payload["stages"]):
         module = importlib.import_module(stage["module"])
@@ -113,6 +114,9 @@ def _run_stages(payload: dict, work: Path, root: Path | None) -> list[dict[str, 
                     dtypes=tuple((k, v) for k, v in t["dtypes"]),
                     default_dtype=t["default_dtype"],
                 )
+            elif handed_on is not None:
+                # decoding what the stage before just serialized was a quarter of a chain
+                ir_in = handed_on
             else:
                 ir_in = _take_input(importlib.import_module(previous_module), data, work, index)
             if hasattr(module, "run_with_side_artifacts"):
@@ -132,6 +136,7 @@ def _run_stages(payload: dict, work: Path, root: Path | None) -> list[dict[str, 
                 )
             module.verify(ir_out, machine)
             data = module.serialize(ir_out)
+            handed_on = ir_out if getattr(module, "EXACT_ROUND_TRIP", False) is True else None
         except Exception:
             # the failing stage reruns on the client and reports exactly as a local build does
             break
