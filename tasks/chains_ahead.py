@@ -74,8 +74,8 @@ def _look_up_then_send(spec: dict, session, ready: Future) -> None:
         session.claim(chain_id(spec))  # a walk fetching it ahead is waited for
         key = stage_key(spec)
         if session.local.get_action(key) is None:
-            chain = spec["chain"]
-            session.fetch_run(key, keys_after(chain, spec["stage_index"], None, stage_key), ahead=True)
+            after = keys_after(spec["chain"], spec["stage_index"], None, stage_key)
+            session.fetch_run(key, after, ahead=True)
         if session.local.get_action(key) is None:
             sent = _send_unless_stored(spec, session)
     except Exception:  # the task itself meets it again and says so
