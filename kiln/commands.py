@@ -40,9 +40,10 @@ def _select(project, args, command: str, apps: bool = False):
 
 
 def cmd_compile(args) -> int:
-    from kiln.tasks.build import compile_instances, write_dump
+    from kiln.tasks.build import compile_instances, start_executor, write_dump
 
     project = _project()
+    start_executor(project)  # a LocalCluster starts while the kernels are found
     instances = _select(project, args, "compile").instances
     dumps = {
         k: getattr(args, f"dump_{k}")

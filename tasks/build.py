@@ -44,6 +44,15 @@ def run_doit(
             release(loader.project.state_dir)
 
 
+def start_executor(project: Project) -> None:
+    """Start the dask executor's cluster now, while the build finds what to build."""
+    executor = resolve_executor(project.pipeline.executor, project.root)
+    if executor is not None:
+        from kiln.tasks.remote_exec import prestart
+
+        prestart(executor, [stage.module for stage in project.pipeline.stages])
+
+
 def compile_instances(
     project: Project, instances: list[KernelInstance], jobs: int = 0, *, fail_fast: bool = False
 ) -> int:

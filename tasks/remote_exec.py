@@ -42,6 +42,7 @@ _failed: dict[tuple, KilnError] = {}  # could not connect: the first action repo
 _reported: set[tuple] = set()  # ... and the others build locally without a word
 _lost: set[tuple] = set()  # given up mid-build (one warning): the rest builds locally
 _warned: set[int] = set()  # ids of batch errors already warned about
+_prestarted: set[tuple] = set()  # executors whose client prestart has started
 
 
 def _key(executor: dict) -> tuple:
@@ -267,8 +268,14 @@ def prestart(executor: dict, stage_modules: list[str]) -> None:
     """Start the client (and a LocalCluster) while doit loads tasks; errors resurface later.
 
     The workers import the stages (numpy with them: about a second) meanwhile
-    too, so the first chains do not wait for it.
+    too, so the first chains do not wait for it. Once per build and executor:
+    the CLI starts it as soon as the project is loaded, before the kernels
+    are found and selected, and the build asks again.
     """
+    with _client_lock:
+        if _key(executor) in _prestarted:
+            return
+        _prestarted.add(_key(executor))
 
     def start():
         try:
@@ -301,6 +308,7 @@ def close_clients() -> None:
     with _client_lock:
         clients = list(_clients.values())
         _clients.clear()
+        _prestarted.clear()
     for client in clients:
         _close(client)
 
