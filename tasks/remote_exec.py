@@ -347,11 +347,9 @@ def chain_payload(spec: dict) -> tuple[dict, list[dict]]:
     ]
     payload: dict = {"stages": stages, "machine": spec["machine"]}
     if "trace" in spec:
-        root = Path(spec["root"])
         payload["trace"] = spec["trace"]
         payload["sources"] = {
-            str(Path(p).resolve().relative_to(root.resolve())): source_bytes(p)
-            for p in spec.get("sources", ())
+            relative_source(p, spec["root"]): source_bytes(p) for p in spec.get("sources", ())
         }
     else:
         payload["input"] = Path(spec["input"]).read_bytes()
@@ -495,6 +493,22 @@ def source_bytes(path: str) -> bytes:
         data = f.read()
     _sources[path] = (stat, data)
     return data
+
+
+_relative: dict[tuple[str, str], str] = {}
+
+
+def relative_source(path: str, root: str) -> str:
+    """``path`` relative to the project root, both resolved (once per path: every
+    instance of a kernel file sends it, and resolving is a few system calls)."""
+    from pathlib import Path
+
+    known = _relative.get((path, root))
+    if known is None:
+        known = _relative[(path, root)] = str(
+            Path(path).resolve().relative_to(Path(root).resolve())
+        )
+    return known
 
 
 def kiln_code_digest(modules: list[str]) -> str:
