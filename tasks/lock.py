@@ -239,11 +239,21 @@ def _end_on_sigterm() -> None:
     if threading.current_thread() is not threading.main_thread():
         return  # only the main thread may set a handler
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # leave anyone's own handler
+        _sigterm_owner[0] = os.getpid()
         signal.signal(signal.SIGTERM, _sigterm)
+
+
+_sigterm_owner = [0]  # the process that set _sigterm (a forked child inherits the handler)
 
 
 def _sigterm(signum, frame) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    if os.getpid() != _sigterm_owner[0]:
+        # a child forked a moment ago, before _close_in_child reset the handler (a build
+        # stopping its workers as one is born): it ends as SIGTERM's default would, not
+        # with a KeyboardInterrupt printed from inside the fork's own hooks
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     mark_interrupted()
     raise KeyboardInterrupt
 

@@ -299,3 +299,21 @@ def test_sigterm_is_the_builds_only_while_it_holds_the_lock_and_never_a_forked_c
         "interrupted True",  # the build stops as on Ctrl-C, and says so
         "after release True",
     ], proc.stdout + proc.stderr
+
+
+def test_a_child_forked_before_it_reset_sigterm_dies_of_it_without_a_word(monkeypatch):
+    """A build stopping its workers can SIGTERM one in the moment after its fork, while
+    it still has the build's handler: it must die as SIGTERM's default has it, not raise
+    KeyboardInterrupt from inside the fork's own hooks (which prints a traceback)."""
+    from kiln.tasks import lock
+
+    monkeypatch.setattr(lock, "_sigterm_owner", [os.getpid()])
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            lock._sigterm(signal.SIGTERM, None)
+        except BaseException:
+            os._exit(3)
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
