@@ -311,7 +311,7 @@ def _press_ctrl_c_once_the_runner_waits() -> None:
 
 
 def test_ctrl_c_while_waiting_for_a_begun_task_ends_the_run_and_keeps_what_finished(
-    tmp_path, ahead, capsys
+    tmp_path, ahead, request
 ):
     (tmp_path / "src").write_text("v1")
     src = str(tmp_path / "src")
@@ -320,6 +320,9 @@ def test_ctrl_c_while_waiting_for_a_begun_task_ends_the_run_and_keeps_what_finis
         "b": {"file_dep": [src], "effect": _press_ctrl_c_once_the_runner_waits},
     }
     ahead(Hook("a"))
+    # a test run started in the background has SIGINT ignored: Ctrl-C's own handler here
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     ran: list[str] = []
     argv = ["run", "--db-file", str(tmp_path / "db"), "--backend", "json", "a", "b"]
     with pytest.raises(KeyboardInterrupt):
