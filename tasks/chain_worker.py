@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import importlib
+import os
 import shutil
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from pathlib import Path
 # a worker with several threads runs one chain at a time: sys.path and
 # sys.modules are the process's, and stages are pure Python (the GIL serializes them anyway)
 _chain_lock = threading.Lock()
+WORKER_NICENESS = 10  # a LocalCluster's workers below the build process (see dask_setup)
 _sources_root: Path | None = None  # where the imported project modules' files are
 _sources_digest: str | None = None
 _sources_names: set[str] = set()
@@ -72,11 +74,19 @@ def dask_setup(worker) -> None:
     Ctrl-C reaches every process of the terminal's group: the build handles
     it (cancels, closes the cluster, says `kiln: interrupted`) and a worker
     must neither print a KeyboardInterrupt traceback nor die mid-task.
+
+    The workers yield the CPU to the build process: it feeds them and writes
+    everything they return, so when the three share too few cores it is
+    the one the build waits on, and a worker ahead of it only adds to its backlog.
     """
     import signal
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(WORKER_NICENESS)
+    except OSError:  # not allowed here: the workers run at the build's priority
+        pass
 
 
 def warm_up(modules: list[str]) -> None:

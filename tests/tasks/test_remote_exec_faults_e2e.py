@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kiln.tasks.chain_worker import WORKER_NICENESS
 
 from tests.conftest import run_kiln
 from tests.support.ctrl_c import answer_ctrl_c
@@ -127,20 +128,27 @@ def _group_alive(pgid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads signal masks in /proc")
-def test_local_cluster_workers_are_born_with_ctrl_c_blocked():
+def test_local_cluster_workers_are_born_with_ctrl_c_blocked_below_the_build_with_the_stages():
     # Ctrl-C during the cluster's start used to kill a worker mid-import, which
     # printed a KeyboardInterrupt traceback; the workers must be born deaf to it
     from kiln.tasks import remote_exec
 
     client = remote_exec._local_client({"workers": 1})
     try:
-        blocked = [_blocked_signals(pid) for pid in client.run(os.getpid).values()]
+        workers = list(client.run(os.getpid).values())
+        blocked = [_blocked_signals(pid) for pid in workers]
+        niceness = [os.getpriority(os.PRIO_PROCESS, pid) for pid in workers]
+        preloaded = client.run(lambda: "kiln.stages.lir" in sys.modules)
     finally:
         remote_exec._close(client)
     assert len(blocked) == 1
     assert all(mask & (1 << (signal.SIGINT - 1)) for mask in blocked), blocked
     # ... while the build's own threads still take it
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    # they yield the CPU to the build process, and start with the stages imported
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert niceness == [min(mine + WORKER_NICENESS, 19)], niceness
+    assert list(preloaded.values()) == [True]
 
 
 def _blocked_signals(pid: int) -> int:
