@@ -85,6 +85,12 @@ class KilnDoitMain(DoitMain):
         for cmd in DoitMain.DOIT_CMDS
     )
 
+    def __init__(self, task_loader=None, **kwargs):
+        from kiln.tasks.dep_db import BACKEND_PLUGIN
+
+        # Kiln's sqlite3 backend: the same file, read in one query (tasks/dep_db.py)
+        super().__init__(task_loader, extra_config=BACKEND_PLUGIN, **kwargs)
+
 
 def patch_plain_doit() -> None:
     """Under plain `doit` (dodo.py), doit made its commands before dodo.py is imported:
