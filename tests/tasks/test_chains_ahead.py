@@ -13,10 +13,10 @@ from kiln.tasks import cached, chain_batches, chains_ahead, remote_exec
 from kiln.tasks.cached import Settled, fetch_or_run, stage_key
 from kiln.tasks.compile import _run_stage
 
-from kiln.cache import session as cache_session
 from kiln.cache.config import CacheConfig
 from kiln.cache.session import session_for
 from kiln.cache.store import LocalStore, sha256
+from tests.support.remote_state import empty_build_state, lir_schedule_chain
 
 EXECUTOR = {"kind": "dask", "address": "tcp://h:8786", "workers": 1, "source": "--scheduler"}
 CHAIN_OUTPUTS = {"outputs": [{"artifact": b"lir bytes"}, {"artifact": b"sched bytes"}]}
@@ -44,19 +44,8 @@ class CountingBatcher:
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """remote_exec's, cached's and the cache sessions' per-build state, empty, undone after."""
-    for name, value in (
-        ("_clients", {}),
-        ("_failed", {}),
-        ("_reported", set()),
-        ("_lost", set()),
-        ("_warned", set()),
-        ("_ahead", {}),
-    ):
-        monkeypatch.setattr(remote_exec, name, value)
-    monkeypatch.setattr(chain_batches, "_batchers", {})
-    monkeypatch.setattr(cached, "_settled", {})
-    monkeypatch.setattr(cache_session, "_sessions", {})
+    """A Dask build's per-process state, empty, undone after."""
+    empty_build_state(monkeypatch)
     return monkeypatch
 
 
@@ -82,17 +71,7 @@ def sent(fresh) -> SendAhead:
 
 def chain(tmp_path: Path, remote: str | None = None) -> tuple[dict, dict]:
     """The lir and schedule stages of one instance under the dask executor, from a vISA file."""
-    (tmp_path / "kernel.visa").write_bytes(b"visa text")
-    config = CacheConfig(local_dir=str(tmp_path / "store"), remote=remote)
-    common = {"root": str(tmp_path), "instance": "k.small", "options": {}, "machine": {}}
-    common.update(dumps=[], cache=config.to_dict(), executor=EXECUTOR, input_module="-")
-    lir = dict(common, stage="lir", stage_index=0, module="kiln.stages.lir")
-    lir.update(input=str(tmp_path / "kernel.visa"), artifact=str(tmp_path / "out" / "kernel.lir"))
-    sched = dict(common, stage="schedule", stage_index=1, module="kiln.stages.schedule")
-    sched.update(input=lir["artifact"], artifact=str(tmp_path / "out" / "kernel.sched"))
-    for spec in (lir, sched):
-        spec["chain"] = [lir, sched]
-    return lir, sched
+    return lir_schedule_chain(tmp_path, str(tmp_path / "store"), EXECUTOR, remote)
 
 
 def compile_task(spec: dict) -> Task:

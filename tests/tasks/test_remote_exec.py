@@ -11,22 +11,15 @@ from kiln.tasks import chain_batches, remote_exec
 from kiln.tasks.chain_batches import ClusterLost
 
 from kiln.errors import KilnError
+from tests.support.remote_state import empty_build_state, lir_schedule_chain
 
 distributed = pytest.importorskip("distributed", reason="the dask executor needs kiln[distributed]")
 
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """remote_exec's per-build state, empty, and undone after the test."""
-    for name, value in (
-        ("_clients", {}),
-        ("_failed", {}),
-        ("_reported", set()),
-        ("_lost", set()),
-        ("_warned", set()),
-    ):
-        monkeypatch.setattr(remote_exec, name, value)
-    monkeypatch.setattr(chain_batches, "_batchers", {})
+    """A Dask build's per-process state, empty, and undone after the test."""
+    empty_build_state(monkeypatch)
     return monkeypatch
 
 
@@ -185,20 +178,9 @@ def test_an_unwritable_store_costs_a_dask_build_its_cache_not_the_chain(fresh, t
     the worker all the same, are written locally, and the store's failure is a warning."""
     from kiln.tasks.cached import fetch_or_run
 
-    from kiln.cache.config import CacheConfig
-
     (tmp_path / "cache").write_text("a file, not a directory")
-    (tmp_path / "kernel.visa").write_bytes(b"visa text")
-    config = CacheConfig(local_dir=str(tmp_path / "cache" / "store"))
     executor = {"kind": "dask", "address": "tcp://h:8786", "workers": 1, "source": "--scheduler"}
-    common = {"root": str(tmp_path), "instance": "k.small", "options": {}, "machine": {}}
-    common.update(dumps=[], cache=config.to_dict(), executor=executor, input_module="-")
-    lir = dict(common, stage="lir", stage_index=0, module="kiln.stages.lir")
-    lir.update(input=str(tmp_path / "kernel.visa"), artifact=str(tmp_path / "out" / "kernel.lir"))
-    sched = dict(common, stage="schedule", stage_index=1, module="kiln.stages.schedule")
-    sched.update(input=lir["artifact"], artifact=str(tmp_path / "out" / "kernel.sched"))
-    for spec in (lir, sched):
-        spec["chain"] = [lir, sched]
+    lir, _ = lir_schedule_chain(tmp_path, str(tmp_path / "cache" / "store"), executor)
 
     class Batcher(FakeBatcher):
         def run(self, payload):
