@@ -31,13 +31,24 @@ def _run_now(task) -> Future | None:
     return None
 
 
+def _nothing() -> None:
+    pass
+
+
 class AheadRunner(Runner):
     """doit's sequential runner, letting ``begin`` start a task's remote work first."""
 
     begin: Callable[[object], Future | None] = staticmethod(_run_now)
+    end: Callable[[], None] = staticmethod(_nothing)  # the run is over: stop what begin started
 
     def run_tasks(self, task_dispatcher):
         """Run every task doit hands out; a task begun elsewhere runs when that is done."""
+        try:
+            self._run_all_ready(task_dispatcher)
+        finally:
+            type(self).end()
+
+    def _run_all_ready(self, task_dispatcher) -> None:
         generator = task_dispatcher.generator
         finished: queue.SimpleQueue = queue.SimpleQueue()  # nodes whose remote work is done
         to_report: deque = deque()  # run here, not yet told to the dispatcher
@@ -45,6 +56,7 @@ class AheadRunner(Runner):
         exhausted = holding = False
         while True:
             if self._stop_running:  # a failure without --continue: nothing more starts
+                self._run_finished(finished)
                 break
             if to_report or not (holding or exhausted):
                 try:
@@ -74,6 +86,16 @@ class AheadRunner(Runner):
             if not exhausted:
                 to_report.append(node)
 
+    def _run_finished(self, finished: queue.SimpleQueue) -> None:
+        """Run the tasks whose remote work is already back (they are under way, as a
+        process runner's running tasks are, and their results would be lost)."""
+        while True:
+            try:
+                node = finished.get_nowait()
+            except queue.Empty:
+                return
+            self._run(node)
+
     def _begin(self, task) -> Future | None:
         try:
             return type(self).begin(task)
@@ -84,7 +106,11 @@ class AheadRunner(Runner):
         self.process_task_result(node, self.execute_task(node.task))
 
 
-def use_ahead_runner(begin: Callable[[object], Future | None]) -> None:
-    """Make doit's plain runs in this process use AheadRunner, beginning tasks with ``begin``."""
+def use_ahead_runner(
+    begin: Callable[[object], Future | None], end: Callable[[], None] = _nothing
+) -> None:
+    """Make doit's plain runs in this process use AheadRunner, beginning tasks with
+    ``begin`` and calling ``end`` when a run is over (however it ends)."""
     AheadRunner.begin = staticmethod(begin)
+    AheadRunner.end = staticmethod(end)
     cmd_run.Runner = AheadRunner

@@ -2,10 +2,10 @@
 
 A stage chain is about 20 ms of work on a worker, and every Dask task costs
 the client a few milliseconds of scheduling and messages, paid on the same
-two cores the workers use. doit's threads hand their chains to one batcher
-per client, and a sender thread ships them as ``run_chains`` Dask tasks of
-up to ``BATCH_SIZE`` chains; each action waits only for its own chain's
-result. The instances of one kernel file send its bytes once per batch.
+two cores the workers use. The build hands its chains to one batcher per
+client (as their tasks become ready, tasks/chains_ahead.py), and a sender
+thread ships them as ``run_chains`` Dask tasks of up to ``BATCH_SIZE``
+chains; each chain's Future settles with its own result. The instances of one kernel file send its bytes once per batch.
 
 When to send a batch that is not full: while the cluster has fewer than
 ``AHEAD_PER_WORKER`` batches per worker to work on, at most ``LINGER``
@@ -31,7 +31,7 @@ from concurrent.futures import Future
 BATCH_SIZE = 16
 LINGER = 0.004  # seconds the first chain of a partial batch waits for company
 AHEAD_PER_WORKER = 1  # batches on the cluster per worker before a partial one waits to fill
-# (2 measured slower: with doit's 32 threads, more out meant fewer chains left to fill the next)
+# (a partial batch only: once a build has sent its chains ahead, batches fill and go at once)
 WORKERS_REFRESH = 1.0  # seconds between asking the scheduler how many workers it has
 LOST_AFTER = 10.0  # seconds with no worker (or no scheduler) while chains wait: give up
 

@@ -10,7 +10,11 @@ dumps (dumps are made here), one whose action will report an error.
 With a remote cache the lookup is an answer away (up to its timeout): it
 is asked on one of ``LOOKUP_THREADS`` threads, which fetch the chain's run
 of actions into the local store, as the task itself would, or send the
-chain when the remote lacks it.
+chain when the remote lacks it. Those threads never start a cluster (the
+build's first action does, or ``prestart``), and when a run ends
+(``end_chains_ahead``: done, failed or interrupted) the lookups not yet
+started are dropped and the others send nothing more: a Ctrl-C neither
+waits for a thousand remote answers nor starts the cluster it just closed.
 """
 
 from __future__ import annotations
@@ -20,8 +24,36 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 LOOKUP_THREADS = 16
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
+
+class Lookups:
+    """One run's lookup threads, made on first use; closed when the run ends."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.pool: ThreadPoolExecutor | None = None
+        self.closed = False
+
+    def submit(self, fn, *args) -> None:
+        with self.lock:
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="kiln-lookup")
+            self.pool.submit(fn, self, *args)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)  # their tasks are never run now
+
+
+_lookups = [Lookups()]
+
+
+def end_chains_ahead() -> None:
+    """The run is over: drop the lookups not started; the next run gets fresh threads."""
+    lookups, _lookups[0] = _lookups[0], Lookups()
+    lookups.close()
 
 
 def begin_task(task) -> Future | None:
@@ -51,20 +83,20 @@ def begin(spec: dict) -> Future | None:
     if session.remote is None:
         return _send_unless_stored(spec, session)
     ready: Future = Future()
-    _lookup_pool().submit(_look_up_then_send, spec, session, ready)
+    _lookups[0].submit(_look_up_then_send, spec, session, ready)
     return ready
 
 
-def _send_unless_stored(spec: dict, session) -> Future | None:
+def _send_unless_stored(spec: dict, session, *, start: bool = True) -> Future | None:
     from kiln.tasks.cached import stage_key
     from kiln.tasks.remote_exec import send_ahead
 
     if session.local.get_action(stage_key(spec)) is not None:
         return None
-    return send_ahead(spec)
+    return send_ahead(spec, start=start)
 
 
-def _look_up_then_send(spec: dict, session, ready: Future) -> None:
+def _look_up_then_send(lookups: Lookups, spec: dict, session, ready: Future) -> None:
     """On a lookup thread: fetch the chain from the remote, or send it; then settle ``ready``."""
     from kiln.tasks.cached import stage_key
     from kiln.tasks.prefetch import chain_id, keys_after
@@ -76,19 +108,11 @@ def _look_up_then_send(spec: dict, session, ready: Future) -> None:
         if session.local.get_action(key) is None:
             after = keys_after(spec["chain"], spec["stage_index"], None, stage_key)
             session.fetch_run(key, after, ahead=True)
-        if session.local.get_action(key) is None:
-            sent = _send_unless_stored(spec, session)
+        if not lookups.closed:
+            sent = _send_unless_stored(spec, session, start=False)
     except Exception:  # the task itself meets it again and says so
         sent = None
     if sent is None:
         ready.set_result(None)
     else:
         sent.add_done_callback(lambda _: ready.set_result(None))
-
-
-def _lookup_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="kiln-lookup")
-        return _pool

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from doit.cmd_base import TaskLoader2
 from doit.loader import generate_tasks
+from kiln.tasks.ahead_runner import use_ahead_runner
+from kiln.tasks.chains_ahead import begin_task, end_chains_ahead
 from kiln.tasks.compile import compile_tasks
 from kiln.tasks.lock import acquire
 from kiln.tasks.project import Project
@@ -83,6 +85,8 @@ def lock_for_command(project: Project, argv: list[str], *, wait: bool | None = N
     if doit_command(argv) not in LOCKING_COMMANDS:
         return False
     prepare_workers(worker_modules(project))
+    # doit's plain runner (no -n): with the dask executor, chains start ahead of their tasks
+    use_ahead_runner(begin_task, end_chains_ahead)
     acquire(project.state_dir, wait=wait)
     return True
 

@@ -1,6 +1,7 @@
 """Stage chains on a Dask cluster: one Dask task per kernel instance, bytes in, bytes out.
 
-The client (a doit action running under doit's thread runner) sends the
+The client (a build's doit run: the chain is sent when its first task is
+ready, see tasks/chains_ahead.py, or by that task's action) sends the
 chain's input bytes (the kernel's sources, or the artifact it starts from),
 options and machine model; the worker imports the kernel fresh from those
 sources, runs every stage and returns the artifacts' bytes. The client keys
@@ -67,12 +68,17 @@ def dask_client(executor: dict):
         raise dataclasses.replace(err, notes=[]) from None
 
 
-def connected_client(executor: dict):
+def connected_client(executor: dict, *, start: bool = True):
     """The build's Client when it is (or can be) connected; None, never an error.
 
     For chains sent ahead of their tasks: a connection error is the first
     action's to report (``dask_client``), with the action's own notes.
+    ``start=False``: only a client connected or being connected (by ``prestart``)
+    this build; None rather than start one (a closed build's cluster, again).
     """
+    key = _key(executor)
+    if not start and key not in _clients and key not in _prestarted:
+        return None
     try:
         return _connect(executor)
     except KilnError:
@@ -375,15 +381,15 @@ class SentAhead(NamedTuple):
 _ahead: dict[str, SentAhead] = {}
 
 
-def send_ahead(spec: dict) -> Future | None:
+def send_ahead(spec: dict, *, start: bool = True) -> Future | None:
     """Send the chain from ``spec`` now; its action takes the result (run_chain_remotely).
 
     None: not sent (no cluster, or it is being given up); the action then
-    does what it would have done anyway.
+    does what it would have done anyway. ``start``: see ``connected_client``.
     """
     from kiln.tasks.chain_batches import BatcherClosed, ClusterLost, batcher_for
 
-    client = connected_client(spec["executor"])
+    client = connected_client(spec["executor"], start=start)
     if client is None:
         return None
     sent = sources_identity(spec)

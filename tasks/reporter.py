@@ -63,9 +63,6 @@ def render_diagnostic(diag: dict) -> str:
     return err.render()
 
 
-PROGRESS_FLUSH = 0.1  # seconds: how stale the task lines on a pipe or file may get
-
-
 class KilnReporter:
     """doit reporter interface (see doit.reporter.ConsoleReporter)."""
 
@@ -87,7 +84,6 @@ class KilnReporter:
             and getattr(outstream, "isatty", lambda: False)()
         )
         self.t0 = time.monotonic()
-        self._flushed = self.t0  # the last flush of self.out (see _write)
         self.ran: list[str] = []
         self.uptodate = 0
         self.failures: list[tuple[str, object]] = []
@@ -150,7 +146,7 @@ class KilnReporter:
         if self.live:
             self.progress.update(self.bar, description=_describe(task.name))
         elif self.format == "human" and task.actions and self.verbosity == 1:
-            self._write(f". {task.name}\n", progress=True)
+            self._write(f". {task.name}\n")
 
     def add_failure(self, task, fail):
         from doit.exceptions import UnmetDependency
@@ -193,7 +189,7 @@ class KilnReporter:
             if self.format == "human" and self.verbosity >= 2:
                 end = self.ended.get(task.name, time.time())
                 took = end - self.started.get(task.name, end)
-                self._write(f". {task.name} ({how or 'ran'}, {took:.2f} s)\n", progress=True)
+                self._write(f". {task.name} ({how or 'ran'}, {took:.2f} s)\n")
             self._advance()
             self._record(task, "ran")
 
@@ -201,7 +197,7 @@ class KilnReporter:
         if task.actions:
             self.uptodate += 1
             if self.format == "human" and self.verbosity >= 2:
-                self._write(f"- {task.name} (up to date)\n", progress=True)
+                self._write(f"- {task.name} (up to date)\n")
             self._advance()
             self._record(task, "up-to-date")
 
@@ -314,27 +310,17 @@ class KilnReporter:
         if self.progress is not None:
             self.progress.advance(self.bar)
 
-    def _write(self, text: str, *, progress: bool = False) -> None:
-        """``progress``: a line per task, flushed at most every PROGRESS_FLUSH seconds.
-
-        A flush per task line was a tenth of a large build's time in the build
-        process: each write gives up the interpreter lock, and a Dask build's
-        event loop thread takes it.
-        """
+    def _write(self, text):
         if self.progress is not None:
             self.progress.console.print(text, end="", markup=False, highlight=False)
-            return
-        self.out.write(text)
-        now = time.monotonic()
-        if not progress or now - self._flushed >= PROGRESS_FLUSH:
+        else:
+            self.out.write(text)
             self.out.flush()
-            self._flushed = now
 
     def _err(self, text):
         if self.progress is not None:
             self.progress.console.print(text, end="", markup=False, highlight=False)
         else:
-            self.out.flush()  # the task lines before it come first, where both are one stream
             self.err.write(text)
             self.err.flush()
 

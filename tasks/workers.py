@@ -28,8 +28,6 @@ import sys
 import threading
 from collections.abc import Iterable
 
-from kiln.tasks.ahead_runner import use_ahead_runner
-from kiln.tasks.chains_ahead import begin_task
 from kiln.tasks.queue_ahead import use_queue_ahead_runner
 
 from kiln.errors import KilnError
@@ -54,7 +52,6 @@ def prepare_workers(modules: Iterable[str]) -> None:
             )
         multiprocessing.set_start_method(method, force=True)
     use_queue_ahead_runner()
-    use_ahead_runner(begin_task)  # `-n 1` builds: dask executor chains start ahead
     make_full_collections_rare()  # forked workers inherit it
     skip_final_collection()
     _preload[:] = list(dict.fromkeys(modules))

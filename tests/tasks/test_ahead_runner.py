@@ -201,11 +201,17 @@ def test_a_task_run_at_once_that_fails_stops_the_rest_unless_continue(
 
 
 @pytest.mark.parametrize(
-    "keep_going, rc_expected, expected",
-    [(True, 2, ["go", "p", "w"]), (False, 1, ["go", "p"])],
+    "keep_going, back, rc_expected, expected",
+    [
+        (True, ("p", "w"), 2, ["go", "p", "w"]),
+        # without --continue nothing more starts; a task whose remote work is back is
+        # under way (its results would be lost), one still out is not run
+        (False, ("p", "w"), 1, ["go", "p", "w"]),
+        (False, ("p",), 1, ["go", "p"]),
+    ],
 )
 def test_a_begun_task_that_fails_stops_the_rest_unless_continue(
-    tmp_path, ahead, capsys, keep_going, rc_expected, expected
+    tmp_path, ahead, capsys, keep_going, back, rc_expected, expected
 ):
     hook = Hook("p", "w")
     ahead(hook)
@@ -213,7 +219,7 @@ def test_a_begun_task_that_fails_stops_the_rest_unless_continue(
         "p": {"effect": lambda: False},
         "w": {},
         "d": {"task_dep": ["p"]},  # never runs: its input failed
-        "go": {"effect": lambda: hook.settle("p", "w")},
+        "go": {"effect": lambda: hook.settle(*back)},
     }
     rc, ran = _run(tmp_path, tasks, *(["--continue"] if keep_going else []), "d", "w", "go")
     assert rc == rc_expected  # doit's 2: `d` not run for want of `p`
@@ -294,10 +300,10 @@ def test_ctrl_c_in_an_action_ends_the_run_and_keeps_what_finished(tmp_path, ahea
 
 
 def _press_ctrl_c_once_the_runner_waits() -> None:
-    """SIGINT, as a terminal sends it, once the main thread blocks in AheadRunner.run_tasks
+    """SIGINT, as a terminal sends it, once the main thread blocks in AheadRunner's loop
     itself (its one wait: nothing of ours is called from there)."""
     main = threading.main_thread().ident
-    waiting = AheadRunner.run_tasks.__code__
+    waiting = AheadRunner._run_all_ready.__code__
 
     def press():
         deadline = time.monotonic() + STUCK_AFTER / 2

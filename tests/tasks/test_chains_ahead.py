@@ -55,9 +55,11 @@ class SendAhead:
     def __init__(self):
         self.specs: list[dict] = []
         self.futures: list[Future] = []
+        self.starts: list[bool] = []  # whether each send may start a cluster
 
-    def __call__(self, spec: dict) -> Future:
+    def __call__(self, spec: dict, *, start: bool = True) -> Future:
         self.specs.append(spec)
+        self.starts.append(start)
         self.futures.append(Future())
         return self.futures[-1]
 
@@ -181,6 +183,7 @@ def test_with_a_remote_cache_a_chain_it_lacks_is_sent_and_waited_for(tmp_path, s
     while not sent.specs and time.monotonic() < deadline:  # looked up on a pool thread
         time.sleep(0.005)
     assert sent.specs == [lir]
+    assert sent.starts == [False]  # a lookup thread never starts a cluster
     time.sleep(0.02)
     assert not ready.done()  # the chain is still out
     sent.futures[0].set_result(CHAIN_OUTPUTS)
@@ -247,3 +250,40 @@ def test_a_compile_task_begun_ahead_writes_its_chain_from_one_dask_build(tmp_pat
     # the schedule task is now settled by the walk: it is not begun
     assert chains_ahead.begin_task(compile_task(sched)) is None
     assert len(batcher.payloads) == 1
+
+
+def test_a_run_that_ends_drops_its_waiting_lookups_and_sends_nothing_more(tmp_path, fresh, sent):
+    """Ctrl-C mid-build: the lookups not started are dropped and those under way send
+    nothing (a send could start the cluster the build just closed)."""
+    lir, _ = chain(tmp_path, remote=str(tmp_path / "remote"))
+    session = session_for(CacheConfig(**lir["cache"]))
+    looked_up: list[str] = []
+
+    def slow_fetch_run(key, next_key, *, ahead=False):
+        looked_up.append(key)
+        time.sleep(0.2)
+        return []
+
+    fresh.setattr(session, "fetch_run", slow_fetch_run)
+    specs = [dict(lir, artifact=str(tmp_path / f"out{i}" / "kernel.lir")) for i in range(40)]
+    for spec in specs:
+        spec["chain"] = [spec]
+        chains_ahead.begin(spec)
+    time.sleep(0.05)  # the first lookups are under way
+    started = time.monotonic()
+    chains_ahead.end_chains_ahead()
+    assert time.monotonic() - started < 0.1  # nothing waited for
+    time.sleep(0.4)  # those under way finish
+    assert 0 < len(looked_up) <= chains_ahead.LOOKUP_THREADS
+    assert sent.specs == []
+
+
+def test_a_lookup_thread_never_starts_a_cluster(fresh):
+    """Only a client connected (or being connected by prestart) this build is used."""
+    calls: list[dict] = []
+    fresh.setattr(remote_exec, "_connect", lambda executor: calls.append(executor) or "client")
+    assert remote_exec.connected_client(EXECUTOR, start=False) is None
+    assert calls == []
+    assert remote_exec.connected_client(EXECUTOR) == "client"
+    fresh.setattr(remote_exec, "_prestarted", {remote_exec._key(EXECUTOR)})
+    assert remote_exec.connected_client(EXECUTOR, start=False) == "client"
