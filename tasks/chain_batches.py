@@ -5,7 +5,8 @@ the client a few milliseconds of scheduling and messages, paid on the same
 two cores the workers use. The build hands its chains to one batcher per
 client (as their tasks become ready, tasks/chains_ahead.py), and a sender
 thread ships them as ``run_chains`` Dask tasks of up to ``BATCH_SIZE``
-chains; each chain's Future settles with its own result. The instances of one kernel file send its bytes once per batch.
+chains; each chain's Future settles with its own result. The instances of
+one kernel file send its bytes once per batch.
 
 When to send a batch that is not full: while the cluster has fewer than
 ``AHEAD_PER_WORKER`` batches per worker to work on, at most ``LINGER``
