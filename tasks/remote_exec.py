@@ -18,20 +18,19 @@ import dataclasses
 import hashlib
 import logging
 import multiprocessing
-import os
-import signal
 import socket
 import threading
 from concurrent.futures import Future
 from typing import NamedTuple
 
-from kiln.tasks.cached import resolved_options, sources_identity, stage_key
+from kiln.tasks.cached import sources_identity, stage_key
+from kiln.tasks.chain_payload import chain_payload
 from kiln.tasks.digest import stage_module_info
 from kiln.tasks.executor import DISTRIBUTED_HINT, scheduler_host_port
+from kiln.tasks.local_cluster import local_client
 
 from kiln.cache.store import sha256
 from kiln.errors import KilnError
-from kiln.fsutil import stat_identity
 
 STALE_WORKERS_HINT = (
     "install the same Kiln version on the workers (or restart them after an upgrade)"
@@ -107,7 +106,7 @@ def _connect(executor: dict):
             raise KilnError("the dask executor needs distributed", hint=DISTRIBUTED_HINT) from None
         quiet_dask_logs()
         try:
-            client = _scheduler_client(Client, address) if address else _local_client(executor)
+            client = _scheduler_client(Client, address) if address else local_client(executor)
         except Exception as exc:  # refused, timed out, a bad address: one message
             _failed[key] = _connect_error(executor, exc)
             raise _failed[key] from None
@@ -145,72 +144,6 @@ def _probe(address: str) -> None:
     host_port = scheduler_host_port(address)
     if host_port is not None:
         socket.create_connection(host_port, timeout=CONNECT_TIMEOUT).close()
-
-
-def _local_client(executor: dict):
-    """A LocalCluster of ``workers`` processes, quiet: no dashboard, no logs, no Ctrl-C."""
-    from multiprocessing import resource_tracker
-
-    from distributed import Client, LocalCluster
-
-    # Ctrl-C reaches every process of the terminal's group, and a worker still
-    # importing when it lands prints a KeyboardInterrupt traceback. The cluster's
-    # loop thread, made here, starts the workers: with SIGINT blocked in it, they
-    # are born with it blocked (fork and exec keep the mask). A build starts the
-    # cluster on a thread of its own, so its main thread still takes Ctrl-C; called
-    # on the main thread (kiln tune), a Ctrl-C waits the few seconds of the start.
-    # (The resource tracker unblocks SIGINT in the thread that first starts it:
-    # started here first, it leaves the mask alone.)
-    resource_tracker.ensure_running()
-    fork_workers_from_a_server()
-    unblock = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        cluster = _local_cluster(executor, LocalCluster)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, unblock)
-    return Client(cluster)
-
-
-# what the worker processes of a LocalCluster import before the first of them is forked
-FORKSERVER_PRELOAD = (
-    "distributed",
-    "numpy",
-    "kiln.tasks.chain_worker",
-    *(f"kiln.stages.{name}" for name in ("trace", "visa", "lir", "schedule", "edf")),
-)
-
-
-def fork_workers_from_a_server() -> None:
-    """LocalCluster workers forked from one server that imported Dask, numpy and the stages.
-
-    Dask spawns each worker as a fresh interpreter by default: every one
-    imported Dask, numpy and the stages itself, about a second of CPU each on
-    the cores the build needs, before its first chain. The server imports
-    them once and each worker starts with them imported. Only Kiln's own
-    modules are preloaded: a project's stage modules are imported per worker,
-    as they are now.
-    """
-    import dask
-    from distributed.utils import get_mp_context
-
-    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
-    get_mp_context().set_forkserver_preload(list(FORKSERVER_PRELOAD))
-
-
-def _local_cluster(executor: dict, LocalCluster):
-    return LocalCluster(
-        n_workers=max(int(executor.get("workers") or 1), 1),
-        threads_per_worker=1,
-        processes=True,
-        # dashboard_address=None still starts the scheduler's HTTP server, on 8787
-        # ("Port 8787 is already in use" when taken): a free port on loopback instead
-        dashboard_address=None,
-        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-        silence_logs=logging.CRITICAL,
-        # the workers ignore SIGINT (kiln.tasks.chain_worker.dask_setup): Ctrl-C is the
-        # build's to handle; the workers are stopped when the cluster closes
-        preload=["kiln.tasks.chain_worker"],
-    )
 
 
 def _connect_error(executor: dict, exc: Exception) -> KilnError:
@@ -332,41 +265,6 @@ def _close(client) -> None:
 atexit.register(close_clients)
 
 
-def chain_payload(spec: dict) -> tuple[dict, list[dict]]:
-    """What crosses the wire for the chain starting at ``spec``: bytes and plain data only."""
-    from pathlib import Path
-
-    chain = spec["chain"][spec["stage_index"] :]
-    # A tuned stage's options depend on the traced graph, known only once it is built
-    # here: the chain stops before it, and its own action sends the rest.
-    cut = next((i for i, s in enumerate(chain) if i > 0 and "tuning" in s), len(chain))
-    chain = chain[:cut]
-    stages = [
-        {
-            "stage": s["stage"],
-            "module": s["module"],
-            "options": resolved_options(s),
-            "code": stage_module_info(s["module"])[0],
-            "build": _without_graph(s.get("build")),
-        }
-        for s in chain
-    ]
-    payload: dict = {"stages": stages, "machine": spec["machine"]}
-    if "trace" in spec:
-        payload["trace"] = spec["trace"]
-        payload["sources"] = {
-            relative_source(p, spec["root"]): source_bytes(p) for p in spec.get("sources", ())
-        }
-    else:
-        payload["input"] = Path(spec["input"]).read_bytes()
-        payload["input_module"] = spec["input_module"]
-        graph = chain[-1].get("build", {}).get("graph")
-        payload["graph_sha256"] = (
-            sha256(Path(graph).read_bytes()) if graph and Path(graph).is_file() else None
-        )
-    return payload, chain
-
-
 class SentAhead(NamedTuple):
     """A chain sent to the cluster before its first task ran (tasks/chains_ahead.py)."""
 
@@ -482,45 +380,5 @@ def _warn_once(exc: Exception) -> None:
     warn(f"Dask could not build a batch of chains ({printable_reason(exc)}); building them here")
 
 
-_sources: dict[str, tuple[tuple[int, int, int], bytes]] = {}
-
-
-def source_bytes(path: str) -> bytes:
-    """A kernel source's bytes, read once while its (size, mtime, inode) hold.
-
-    Every instance of a kernel file sends that file: one bytes object for
-    all of them lets a batch send it once (see tasks/chain_batches.py).
-    """
-    stat = stat_identity(os.stat(path))
-    known = _sources.get(path)
-    if known is not None and known[0] == stat:
-        return known[1]
-    with open(path, "rb") as f:
-        data = f.read()
-    _sources[path] = (stat, data)
-    return data
-
-
-_relative: dict[tuple[str, str], str] = {}
-
-
-def relative_source(path: str, root: str) -> str:
-    """``path`` relative to the project root, both resolved (once per path: every
-    instance of a kernel file sends it, and resolving is a few system calls)."""
-    from pathlib import Path
-
-    known = _relative.get((path, root))
-    if known is None:
-        known = _relative[(path, root)] = str(
-            Path(path).resolve().relative_to(Path(root).resolve())
-        )
-    return known
-
-
 def kiln_code_digest(modules: list[str]) -> str:
     return hashlib.sha256("|".join(stage_module_info(m)[0] for m in modules).encode()).hexdigest()
-
-
-def _without_graph(build: dict | None) -> dict | None:
-    """The binary's build metadata minus the local path of the graph (sent as a digest)."""
-    return None if build is None else {k: v for k, v in build.items() if k != "graph"}

@@ -132,8 +132,9 @@ def test_local_cluster_workers_are_born_with_ctrl_c_blocked_below_the_build_with
     # Ctrl-C during the cluster's start used to kill a worker mid-import, which
     # printed a KeyboardInterrupt traceback; the workers must be born deaf to it
     from kiln.tasks import remote_exec
+    from kiln.tasks.local_cluster import local_client
 
-    client = remote_exec._local_client({"workers": 1})
+    client = local_client({"workers": 1})
     try:
         workers = list(client.run(os.getpid).values())
         blocked = [_blocked_signals(pid) for pid in workers]
