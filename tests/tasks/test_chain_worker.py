@@ -30,7 +30,8 @@ def stage(name: str):
 
 
 def chain_bytes(graph, m: dict, *, hand_over: bool) -> list[bytes]:
-    """Every stage's bytes from ``graph``; ``hand_over``: as the worker passes IR on."""
+    """Every stage's bytes (its side artifacts' after them) from ``graph``;
+    ``hand_over``: as the worker passes IR on."""
     trace_stage = stage("trace")
     data = trace_stage.serialize(graph)
     out = [data]
@@ -38,10 +39,13 @@ def chain_bytes(graph, m: dict, *, hand_over: bool) -> list[bytes]:
     for name in STAGES[1:]:
         module = stage(name)
         ir_in = ir if hand_over and previous.EXACT_ROUND_TRIP else previous.decode(data)
-        ir = module.run(ir_in, module.Options(), m)
+        if hasattr(module, "run_with_side_artifacts"):  # as the worker runs it
+            ir, side = module.run_with_side_artifacts(ir_in, module.Options(), m)
+        else:
+            ir, side = module.run(ir_in, module.Options(), m), {}
         module.verify(ir, m)
         data = module.serialize(ir)
-        out.append(data)
+        out.append(data + b"".join(name.encode() + side[name] for name in sorted(side)))
         previous = module
     return out
 
