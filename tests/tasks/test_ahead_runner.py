@@ -57,9 +57,10 @@ def ahead(monkeypatch) -> Iterator[Callable[[Callable[[object], Future | None]],
     """Install AheadRunner with a test's hook; doit's runner and the hook are undone after."""
     monkeypatch.setattr(cmd_run, "Runner", cmd_run.Runner)
     monkeypatch.setattr(AheadRunner, "begin", AheadRunner.__dict__["begin"])
+    monkeypatch.setattr(AheadRunner, "end", AheadRunner.__dict__["end"])
 
-    def install(hook: Callable[[object], Future | None]) -> None:
-        use_ahead_runner(hook)
+    def install(hook: Callable[[object], Future | None], end=lambda: None) -> None:
+        use_ahead_runner(hook, end)
         assert cmd_run.Runner is AheadRunner
 
     previous = signal.signal(signal.SIGALRM, _stuck)
@@ -283,12 +284,14 @@ def test_ctrl_c_in_an_action_ends_the_run_and_keeps_what_finished(tmp_path, ahea
         "b": {"file_dep": [src]},
         "k": {"task_dep": ["a", "b"], "effect": interrupt},
     }
-    ahead(done("a"))
+    ended: list[str] = []
+    ahead(done("a"), lambda: ended.append("end"))
     ran: list[str] = []
     argv = ["run", "--db-file", str(tmp_path / "db"), "--backend", "json", "k"]
     with pytest.raises(KeyboardInterrupt):
         DoitMain(ModuleTaskLoader(_namespace(ran, tasks))).run(argv)
     assert ran == ["b", "a", "k"]  # `a` waited for its Future; `b` ran meanwhile
+    assert ended == ["end"]  # what the hook started is stopped, however the run ends
 
     tasks["k"] = {"task_dep": ["a", "b"]}
     hook = done("a")
