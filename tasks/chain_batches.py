@@ -68,12 +68,9 @@ class ChainBatcher:
         threading.Thread(target=self._send_loop, name="kiln-dask-batches", daemon=True).start()
         threading.Thread(target=self._watch_loop, name="kiln-dask-watch", daemon=True).start()
 
-    def run(self, payload: dict) -> dict:
-        """This chain's result (``run_chain``'s), once its batch is back; raises its error."""
-        return self.submit(payload).result()
-
     def submit(self, payload: dict) -> Future:
-        """A Future of this chain's result; raises at once when the batcher is closed."""
+        """A Future of this chain's result (``run_chain``'s), settled once its batch is
+        back (with its error, if it failed); raises at once when the batcher is closed."""
         slot: Future = Future()
         with self._cond:
             if self._closed:

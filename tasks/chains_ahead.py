@@ -81,17 +81,19 @@ def begin(spec: dict) -> Future | None:
         return None  # built here, or written by its chain's walk
     session = session_for(CacheConfig(**settings))
     if session.remote is None:
-        return _send_unless_stored(spec, session)
+        from kiln.tasks.cached import stage_key
+
+        return _send_unless_stored(spec, session, stage_key(spec))
     ready: Future = Future()
     _lookups[0].submit(_look_up_then_send, spec, session, ready)
     return ready
 
 
-def _send_unless_stored(spec: dict, session, *, start: bool = True) -> Future | None:
-    from kiln.tasks.cached import stage_key
+def _send_unless_stored(spec: dict, session, key: str, *, start: bool = True) -> Future | None:
+    """Send the chain unless the local store holds ``key``, its first action."""
     from kiln.tasks.remote_exec import send_ahead
 
-    if session.local.get_action(stage_key(spec)) is not None:
+    if session.local.get_action(key) is not None:
         return None
     return send_ahead(spec, start=start)
 
@@ -108,8 +110,8 @@ def _look_up_then_send(lookups: Lookups, spec: dict, session, ready: Future) -> 
         if session.local.get_action(key) is None:
             after = keys_after(spec["chain"], spec["stage_index"], None, stage_key)
             session.fetch_run(key, after, ahead=True)
-        if not lookups.closed:
-            sent = _send_unless_stored(spec, session, start=False)
+            if not lookups.closed:  # sent only when the remote lacked it too
+                sent = _send_unless_stored(spec, session, key, start=False)
     except Exception:  # the task itself meets it again and says so
         sent = None
     if sent is None:

@@ -243,23 +243,19 @@ def _files(tmp_path: Path) -> dict[str, dict]:
 
 
 def test_up_to_date_tasks_are_never_begun(tmp_path, ahead, capsys):
+    def build() -> tuple[int, list[str], list[str]]:
+        """(rc, tasks run, tasks begun) of one run for ``report``."""
+        hook = done("a", "b")
+        ahead(hook)
+        rc, ran = _run(tmp_path, _files(tmp_path), "report")
+        return rc, ran, hook.calls
+
     (tmp_path / "src").write_text("v1")
-    first = done("a", "b")
-    ahead(first)
-    rc, ran = _run(tmp_path, _files(tmp_path), "report")
-    assert rc == 0 and ran == ["a", "b", "report"] and first.calls == ["a", "b", "report"]
+    assert build() == (0, ["a", "b", "report"], ["a", "b", "report"])
     assert (tmp_path / "b.out").read_text() == "v1++"
-
-    second = done("a", "b")
-    ahead(second)
-    rc, ran = _run(tmp_path, _files(tmp_path), "report")
-    assert rc == 0 and ran == ["report"] and second.calls == ["report"]
-
+    assert build() == (0, ["report"], ["report"])
     (tmp_path / "src").write_text("v2")
-    third = done("a", "b")
-    ahead(third)
-    rc, ran = _run(tmp_path, _files(tmp_path), "report")
-    assert rc == 0 and ran == ["a", "b", "report"] and third.calls == ["a", "b", "report"]
+    assert build() == (0, ["a", "b", "report"], ["a", "b", "report"])
     assert (tmp_path / "b.out").read_text() == "v2++"
 
 

@@ -66,7 +66,7 @@ def test_concurrent_actions_share_batches_and_each_get_their_own_result(monkeypa
     source = {"k.py": b"src"}
 
     def action(name: str) -> None:
-        result = batcher.run({"name": name, "sources": source})
+        result = batcher.submit({"name": name, "sources": source}).result()
         results[name] = result["outputs"][0]["artifact"]
 
     names = [f"g{i}" for i in range(10)]
@@ -93,9 +93,9 @@ def test_a_failed_batch_fails_every_chain_in_it(monkeypatch):
     monkeypatch.setattr(chain_worker, "run_chains", lost)
     batcher = ChainBatcher(FakeClient(), batch_size=2, linger=0.01)
     with pytest.raises(RuntimeError, match="worker lost"):
-        batcher.run({"name": "x", "fail": True, "sources": {"k.py": b""}})
+        batcher.submit({"name": "x", "fail": True, "sources": {"k.py": b""}}).result()
     # the batcher goes on serving later chains
-    later = batcher.run({"name": "y", "sources": {"k.py": b"ok"}})
+    later = batcher.submit({"name": "y", "sources": {"k.py": b"ok"}}).result()
     assert later["outputs"][0]["artifact"] == b"y|ok"
 
 
@@ -116,7 +116,7 @@ def test_closing_fails_every_waiting_chain_and_later_ones(monkeypatch):
 
     def action() -> None:
         try:
-            batcher.run({"name": "x", "sources": {"k.py": b""}})
+            batcher.submit({"name": "x", "sources": {"k.py": b""}}).result()
         except BaseException as exc:
             errors.append(exc)
 
@@ -128,7 +128,7 @@ def test_closing_fails_every_waiting_chain_and_later_ones(monkeypatch):
     assert not waiting.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], BatcherClosed)
     with pytest.raises(BatcherClosed):
-        batcher.run({"name": "y"})
+        batcher.submit({"name": "y"}).result()
 
 
 def test_a_chain_that_raises_on_the_worker_fails_alone(monkeypatch):
@@ -148,7 +148,7 @@ def test_a_batch_with_the_wrong_number_of_results_fails_each_chain(monkeypatch):
     monkeypatch.setattr(chain_worker, "run_chains", lambda batch: [])
     batcher = ChainBatcher(FakeClient(), batch_size=1, linger=0.0)
     with pytest.raises(RuntimeError, match="0 results for 1 chains"):
-        batcher.run({"name": "x", "sources": {"k.py": b""}})
+        batcher.submit({"name": "x", "sources": {"k.py": b""}}).result()
 
 
 class GatedClient(FakeClient):
@@ -168,7 +168,7 @@ class GatedClient(FakeClient):
 
 def _start(batcher: ChainBatcher, name: str, results: dict) -> threading.Thread:
     def action() -> None:
-        results[name] = batcher.run({"name": name, "sources": {"k.py": b"s"}})
+        results[name] = batcher.submit({"name": name, "sources": {"k.py": b"s"}}).result()
 
     thread = threading.Thread(target=action)
     thread.start()
@@ -234,10 +234,10 @@ def test_a_cluster_without_workers_is_given_up_and_later_chains_are_refused(monk
     batcher = _watched(monkeypatch, client)
     started = time.monotonic()
     with pytest.raises(ClusterLost, match="no workers") as info:
-        batcher.run({"name": "a", "sources": {"k.py": b"s"}})
+        batcher.submit({"name": "a", "sources": {"k.py": b"s"}}).result()
     assert info.value.no_workers and time.monotonic() - started < 5
     with pytest.raises(ClusterLost):  # at once: no second wait
-        batcher.run({"name": "b", "sources": {"k.py": b"s"}})
+        batcher.submit({"name": "b", "sources": {"k.py": b"s"}}).result()
     client.gate.set()  # the batch still held on the "worker" ends; nobody waits for it
 
 
@@ -245,7 +245,7 @@ def test_a_client_that_lost_its_scheduler_is_given_up(monkeypatch):
     client = CountedClient(workers=1, status="connecting")
     batcher = _watched(monkeypatch, client)
     with pytest.raises(ClusterLost) as info:
-        batcher.run({"name": "a", "sources": {"k.py": b"s"}})
+        batcher.submit({"name": "a", "sources": {"k.py": b"s"}}).result()
     assert not info.value.no_workers
     client.gate.set()
 

@@ -140,7 +140,7 @@ def test_a_lost_cluster_is_one_warning_and_later_chains_go_local_at_once(fresh, 
     assert remote_exec.dask_client(executor) is None
     batcher = chain_batches.batcher_for(client)
     with pytest.raises(ClusterLost):
-        batcher.run({"stages": []})
+        batcher.submit({"stages": []}).result()
 
 
 def test_a_cluster_without_workers_says_so(fresh, capfd):
