@@ -44,13 +44,15 @@ def run_doit(
             release(loader.project.state_dir)
 
 
-def start_executor(project: Project) -> None:
-    """Start the dask executor's cluster now, while the build finds what to build."""
+def start_executor(project: Project) -> dict | None:
+    """Start the dask executor's cluster now, while the build finds what to build
+    (once per build: later calls find it started); the executor, None for local."""
     executor = resolve_executor(project.pipeline.executor, project.root)
     if executor is not None:
         from kiln.tasks.remote_exec import prestart
 
         prestart(executor, [stage.module for stage in project.pipeline.stages])
+    return executor
 
 
 def compile_instances(
@@ -62,11 +64,10 @@ def compile_instances(
     os.environ.setdefault("KILN_BUILD_ID", f"{os.getpid()}-{time.time_ns()}")
     names = [f"compile:{inst.name}.{last}" for inst in instances]
     argv = ["run"] + (["-n", str(jobs)] if jobs > 1 else []) + names
-    executor = resolve_executor(project.pipeline.executor, project.root)
+    executor = start_executor(project)
     if executor is not None:
-        from kiln.tasks.remote_exec import close_clients, prestart
+        from kiln.tasks.remote_exec import close_clients
 
-        prestart(executor, [stage.module for stage in project.pipeline.stages])
         # doit's plain runner, which sends chains to Dask ahead (tasks/ahead_runner.py);
         # -n is the LocalCluster's worker count, not doit's
         argv = ["run", *names]
