@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
-import secrets
 from pathlib import Path
+
+
+def _fresh_names() -> None:
+    """This process's pid and a serial from a random start, for temp file names.
+
+    A clean clone writes thousands of files: asking the kernel for the pid
+    and for random bytes on each cost two system calls a file. Forked
+    children call this again, so they never reuse their parent's names.
+    """
+    global _pid, _serial
+    _pid = os.getpid()
+    _serial = itertools.count(int.from_bytes(os.urandom(4), "big"))
+
+
+_fresh_names()
+os.register_at_fork(after_in_child=_fresh_names)
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = False) -> bool:
@@ -16,16 +32,31 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
     does not wake the stages after it. Readers never see a partial file.
     ``durable`` also fsyncs the data before the rename.
     """
+    return _write_atomic(os.fspath(path), data, durable, False) is not None
+
+
+def write_with_identity(path: str, data: bytes) -> tuple[int, int, int] | None:
+    """``write_bytes_atomic``, returning the written file's (size, mtime, inode).
+
+    None when the file already held ``data`` (left alone). The identity is
+    the file's as written, read from its descriptor: a hard link made to it
+    afterwards can be checked to be that very file (LocalStore.put_blob).
+    """
+    return _write_atomic(path, data, False, True)
+
+
+def _write_atomic(target: str, data: bytes, durable: bool, identity: bool):
+    """None when ``target`` held ``data``; else True, or its identity when asked."""
     # plain strings and os calls: this runs for every artifact, blob and entry of a build
-    target = os.fspath(path)
     try:
         if os.stat(target).st_size == len(data) and holds(target, data):
-            return False
+            return None
     except (FileNotFoundError, NotADirectoryError):
         pass
     head = os.path.dirname(target)
     tmp = temp_path(target)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    written = True
     # the open is inside the clean-up's reach: a Ctrl-C the moment it returns
     # would otherwise leave the temp file behind
     try:
@@ -40,6 +71,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
                 view = view[os.write(fd, view) :]
             if durable:
                 os.fsync(fd)
+            if identity:
+                written = stat_identity(os.fstat(fd))
         finally:
             os.close(fd)
         os.replace(tmp, target)
@@ -49,7 +82,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
         except FileNotFoundError:
             pass
         raise
-    return True
+    return written
 
 
 def temp_path(target: str) -> str:
@@ -59,7 +92,9 @@ def temp_path(target: str) -> str:
     a live writer's file.
     """
     head, name = os.path.split(target)
-    return os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    # the serial is unique within this process (next() on a count is atomic under the
+    # interpreter lock); its random start keeps a dead writer's leftovers out of the way
+    return os.path.join(head, f".{name}.{_pid}.{next(_serial) & 0xFFFFFFFF:08x}.tmp")
 
 
 def temp_target(path: str) -> str | None:

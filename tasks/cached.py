@@ -188,8 +188,9 @@ def _fetch_or_run(spec: dict, run, keyed_sources: tuple) -> str:
     key = stage_key(spec)
     if session.remote is not None:
         session.claim(chain_id(spec))  # a chain fetched ahead is waited for, not fetched twice
-    outputs, how = session.lookup(key)
+    outputs, how = session.lookup(key, keep=False)  # stored once its files are written
     if outputs is not None and "artifact" not in outputs:
+        session.keep_written(key, outputs)  # stored as fetched; the build stores over it
         outputs, how = None, COMPILED  # some other action's entry (a report's): rebuilt over it
     if (
         how == FETCHED
@@ -212,7 +213,7 @@ def _fetch_or_run(spec: dict, run, keyed_sources: tuple) -> str:
         if key in produced:
             outputs, how = produced[key], COMPILED
     if outputs is not None:
-        write_outputs(artifact, outputs, spec["root"], session.local)
+        write_outputs(artifact, outputs, spec["root"], session, key)
         log.info("%s %s: %s from cache %s", spec["instance"], spec["stage"], how, artifact)
         written = [(spec, artifact, outputs)]
         settled = write_rest_of_chain(spec, session, outputs, produced, written)
@@ -277,17 +278,18 @@ def write_rest_of_chain(
                 found, how = ahead.pop(key), FETCHED
             else:
                 then = keys_after(chain, first + position, graph_digest, stage_key)
-                run = session.lookup_run(key, then)
+                run = session.lookup_run(key, then, keep=False)
                 if not run:
                     break
                 _, found, how = run[0]
                 ahead = {later_key: outputs for later_key, outputs, _ in run[1:]}
             if "artifact" not in found:
+                session.keep_written(key, found)  # stored as fetched; its task builds over it
                 break  # some other action's entry: the stage's own task rebuilds over it
             artifact = Path(later["artifact"])
             # the chain's first write swept this out dir a moment ago
             write_outputs(
-                artifact, found, later["root"], session.local, sweep=artifact.parent != first_dir
+                artifact, found, later["root"], session, key, sweep=artifact.parent != first_dir
             )
             written.append((later, artifact, found))
             log.info(
@@ -307,6 +309,9 @@ def write_rest_of_chain(
             input_digest = sha256(found["artifact"])
     except OSError as exc:  # the walk only saves time: its stages' own tasks do the work
         log.warning("could not write ahead from the cache after %s: %s", spec["artifact"], exc)
+    finally:
+        for later_key, found in ahead.items():  # fetched, not written: stored as they are
+            session.keep_written(later_key, found)
     return settled
 
 
@@ -327,30 +332,55 @@ def portable(data: bytes, root: str) -> bytes:
 
 
 def write_outputs(
-    artifact: Path, outputs: dict[str, bytes], root: str, store, *, sweep: bool = True
+    artifact: Path,
+    outputs: dict[str, bytes],
+    root: str,
+    session,
+    key: str,
+    *,
+    sweep: bool = True,
 ) -> None:
     """Write a stage's artifact and its side artifacts from cached outputs, atomically.
 
-    Each file is a hard link to its blob in ``store`` (the local store) where
-    it can be (see LocalStore.place), else a copy. ``sweep`` False: the
+    A stored action's files are hard links to its blobs in the local store
+    where they can be (see LocalStore.place), else copies. A fetched one
+    held back from the store (``CacheSession.lookup(keep=False)``) is
+    written first and stored after, its blobs links to the files just
+    written: fewer writes than storing it first. ``sweep`` False: the
     directory was just cleared of a killed build's temp files.
     """
     if sweep:
         fsutil.remove_stale_tmp(artifact.parent)  # left by a build killed mid-write
-    data = outputs["artifact"]
-    digest = sha256(data)
-    store.place(digest, str(artifact), data)
-    stat = _stat(str(artifact))
-    if stat is not None:
-        _digests[str(artifact)] = (stat, digest)
+    store = session.local
+    held = session.unkept.get(key)  # the digests of a fetched action held back
+    fresh = held is not None
+    sources: dict[str, tuple[str, tuple[int, int, int]]] = {}
     for name, data in outputs.items():
-        if name.startswith(SIDE):
+        if name == "artifact":
+            target = str(artifact)
+            local = data
+        elif name.startswith(SIDE):
             target = str(artifact.parent / name[len(SIDE) :])
             local = data.replace(ROOT_PLACEHOLDER, str(root).encode())
-            if local is data or local == data:
-                store.place(sha256(data), target, data)
-            else:
-                fsutil.write_bytes_atomic(target, local)
+        else:
+            continue
+        digest = held[name] if fresh else sha256(data)
+        stat = None
+        if local is not data and local != data:
+            # the source map names this clone's root: the store keeps the portable bytes
+            fsutil.write_bytes_atomic(target, local)
+        elif not fresh:
+            store.place(digest, target, data)
+        else:
+            stat = fsutil.write_with_identity(target, data)
+            if stat is not None:
+                sources[name] = (target, stat)
+        if name == "artifact":
+            stat = stat or _stat(target)  # None from a write: it held those bytes already
+            if stat is not None:
+                _digests[target] = (stat, digest)
+    if fresh:
+        session.keep_written(key, outputs, sources)
 
 
 def record_many(root: str, fetched: list[tuple[dict, Path, dict[str, bytes]]]) -> None:

@@ -6,7 +6,14 @@ import os
 
 import pytest
 
-from kiln.fsutil import remove_stale_tmp, temp_path, temp_target, write_bytes_atomic
+from kiln.fsutil import (
+    remove_stale_tmp,
+    stat_identity,
+    temp_path,
+    temp_target,
+    write_bytes_atomic,
+    write_with_identity,
+)
 
 
 def test_a_write_makes_missing_directories(tmp_path):
@@ -58,3 +65,27 @@ def test_stale_temp_files_of_a_killed_writer_are_removed(tmp_path):
     stale.write_bytes(b"half")
     remove_stale_tmp(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["kernel.lir"]
+
+
+def test_a_write_with_identity_names_the_file_as_written(tmp_path):
+    target = str(tmp_path / "out" / "kernel.lir")
+    identity = write_with_identity(target, b"lir bytes")
+    assert identity == stat_identity(os.stat(target))
+    assert open(target, "rb").read() == b"lir bytes"
+    assert write_with_identity(target, b"lir bytes") is None  # held them: left alone
+    assert write_with_identity(target, b"other bytes") != identity
+
+
+def test_temp_names_never_repeat_in_a_process_or_its_forked_child(tmp_path):
+    target = str(tmp_path / "kernel.edf")
+    names = {temp_path(target) for _ in range(1000)}
+    assert len(names) == 1000 and all(temp_target(name) == target for name in names)
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child's names carry its own pid, never its parent's
+        os.write(writer, temp_path(target).encode())
+        os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    name = os.read(reader, 4096).decode()
+    assert f".{child}." in name and name not in names

@@ -39,50 +39,62 @@ class CacheSession:
         # fetched ahead into the local store (tasks/prefetch.py): fetches when found, not hits
         self.prefetched: set[str] = set()
         self.missing_remotely: set[str] = set()  # keys a walk found nowhere: not asked again
+        # fetched with keep=False, by key: their output digests, until keep_written stores them
+        self.unkept: dict[str, dict[str, str]] = {}
         self.prefetcher = None
         self._claimed: set[str] = set()  # chains tasks took before the prefetcher started
 
-    def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
-        """(outputs, how): from the local store (hit), the remote (fetched), or None."""
+    def lookup(self, key: str, *, keep: bool = True) -> tuple[dict[str, bytes] | None, str]:
+        """(outputs, how): from the local store (hit), the remote (fetched), or None.
+
+        ``keep`` False: a fetched action is not stored locally yet; it waits
+        in ``unkept`` for ``keep_written`` (see there).
+        """
         found = self.local.lookup(key)
         if found is not None:
             return found, self._how_stored(key)
         if self.remote is not None and key not in self.missing_remotely:
             fetched = self.remote.lookup_verified(key)
             if fetched is not None:
-                self.keep_fetched(key, *fetched)
+                self._fetched(key, *fetched, keep=keep)
                 return fetched[0], FETCHED
         return None, COMPILED
 
-    def lookup_run(self, key: str, next_key) -> list[tuple[str, dict[str, bytes], str]]:
+    def lookup_run(
+        self, key: str, next_key, *, keep: bool = True
+    ) -> list[tuple[str, dict[str, bytes], str]]:
         """[(key, outputs, how)] of ``key``, then of the actions after it fetched in the same trip.
 
         A local hit is ``key`` alone. On a local miss the remote gives the
         run of actions that follow (``RemoteStore.lookup_run``), all kept
-        locally. Empty: ``key`` is in neither store.
+        locally (``keep`` False: see ``lookup``). Empty: ``key`` is in
+        neither store.
         """
         found = self.local.lookup(key)
         if found is not None:
             return [(key, found, self._how_stored(key))]
         return [
-            (fetched, outputs, FETCHED) for fetched, outputs, _ in self.fetch_run(key, next_key)
+            (fetched, outputs, FETCHED)
+            for fetched, outputs, _ in self.fetch_run(key, next_key, keep=keep)
         ]
 
     def fetch_run(
-        self, key: str, next_key, *, ahead: bool = False
+        self, key: str, next_key, *, ahead: bool = False, keep: bool = True
     ) -> list[tuple[str, dict[str, bytes], dict[str, str]]]:
         """The remote's run of actions from ``key`` (RemoteStore.lookup_run), kept locally.
 
         The action the run stopped at is one the remote lacks (or holds
         damaged): it is not asked for again this build. ``ahead``: fetched
-        ahead of its task (tasks/prefetch.py).
+        ahead of its task (tasks/prefetch.py). ``keep``: see ``lookup``.
         """
         if self.remote is None or key in self.missing_remotely:
             return []
         run = self.remote.lookup_run(key, next_key)
-        keep = self.keep_prefetched if ahead else self.keep_fetched
         for fetched, outputs, digests in run:
-            keep(fetched, outputs, digests)
+            if ahead:
+                self.keep_prefetched(fetched, outputs, digests)
+            else:
+                self._fetched(fetched, outputs, digests, keep=keep)
         if not self.remote.broken:
             after = next_key(len(run), run[-1][2]) if run else key
             if after is not None:
@@ -94,15 +106,39 @@ class CacheSession:
             return COMPILED
         return FETCHED if key in self.prefetched else HIT
 
-    def keep_fetched(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
-        """Copy a fetched action into the local store, before its artifacts are written.
+    def _fetched(
+        self, key: str, found: dict[str, bytes], digests: dict[str, str], *, keep: bool
+    ) -> None:
+        """Copy a fetched action into the local store, or hold it back for ``keep_written``.
 
-        Written first, its blobs become the artifacts' files too (hard links,
-        see LocalStore.place): a clean clone writes each artifact's bytes
-        once. Copying them on a thread behind the build, as plain files,
-        cost a clean clone more than this does.
+        Kept before its artifacts are written, its blobs become the
+        artifacts' files too (hard links, see LocalStore.place). Copying
+        them on a thread behind the build, as plain files, cost a clean
+        clone more than either way.
         """
-        self._keep(key, found, digests)
+        if keep:
+            self._keep(key, found, digests)
+        else:
+            with self._lock:
+                self.unkept[key] = digests
+
+    def keep_written(
+        self,
+        key: str,
+        found: dict[str, bytes],
+        sources: dict[str, tuple[str, tuple[int, int, int]]] | None = None,
+    ) -> None:
+        """Store a fetched action held back by ``keep=False``, its artifacts now written.
+
+        ``sources``: by output name, (path, identity) of the files just
+        written with those very bytes: the blobs become hard links to them
+        (LocalStore.put_blob), so a clean clone writes each artifact once
+        and stores it for a link. Nothing for a key not held back (a hit).
+        """
+        with self._lock:
+            digests = self.unkept.pop(key, None)
+        if digests is not None:
+            self._keep(key, found, digests, sources)
 
     def keep_prefetched(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
         """Store an action fetched ahead of its task (on a prefetch thread: at once)."""
@@ -133,9 +169,15 @@ class CacheSession:
         if prefetcher is not None:
             prefetcher.stop()
 
-    def _keep(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
+    def _keep(
+        self,
+        key: str,
+        found: dict[str, bytes],
+        digests: dict[str, str],
+        sources: dict[str, tuple[str, tuple[int, int, int]]] | None = None,
+    ) -> None:
         try:
-            self.local.store(key, found, digests)  # verified on fetch: not hashed again
+            self.local.store(key, found, digests, sources)  # verified on fetch: not hashed again
         except OSError as exc:
             self.store_failed(exc)
         except Exception as exc:  # a copy the build can do without: never stop the writer

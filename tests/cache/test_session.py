@@ -36,6 +36,24 @@ def test_a_fetched_action_is_in_the_local_store_at_once(tmp_path):
     session.flush()  # no walk under way: returns at once
 
 
+def test_a_fetch_held_back_is_stored_once_its_files_are_written(tmp_path):
+    import os
+
+    session = _session(tmp_path, _team(tmp_path, b"edf bytes"))
+    assert session.lookup(KEY, keep=False) == ({"artifact": b"edf bytes"}, FETCHED)
+    store = LocalStore(tmp_path / "local")
+    assert store.lookup(KEY) is None and KEY in session.unkept
+    artifact = tmp_path / "kernel.edf"
+    artifact.write_bytes(b"edf bytes")
+    st = os.stat(artifact)
+    source = (str(artifact), (st.st_size, st.st_mtime_ns, st.st_ino))
+    session.keep_written(KEY, {"artifact": b"edf bytes"}, {"artifact": source})
+    assert store.lookup(KEY) == {"artifact": b"edf bytes"} and session.unkept == {}
+    assert os.path.samefile(store.blob_path(sha256(b"edf bytes")), artifact)
+    session.keep_written(KEY, {"artifact": b"other bytes"})  # not held back: nothing stored
+    assert store.lookup(KEY) == {"artifact": b"edf bytes"}
+
+
 def _fetch_in_child(local_dir: str, url: str, queue) -> None:
     session = CacheSession(CacheConfig(local_dir=local_dir, remote=url))
     session.lookup(KEY)

@@ -176,17 +176,20 @@ def test_a_known_digest_is_used_only_while_the_file_is_as_it_was(tmp_path):
     assert manifest.read(str(tmp_path))["kernel.edf"][2] == sha256(b"other bytes!")
 
 
-def test_a_clone_fetches_the_rest_of_a_chain_in_one_remote_trip(tmp_path, monkeypatch):
+def remote_chain(base, side: bytes | None = None) -> list[dict]:
+    """visa, lir and schedule of one instance, every action in a team cache at base/team.
+
+    ``side``: a side artifact of the lir stage (``kernel.lir.map``), as stored.
+    """
     import pytest
 
     pytest.importorskip("fsspec", reason="the remote cache needs kiln[distributed]")
-    from kiln.tasks.cached import fetch_or_run, stage_key
+    from kiln.tasks.cached import stage_key
 
     from kiln.cache.config import CacheConfig
     from kiln.cache.remote import RemoteStore
     from kiln.cache.store import sha256
 
-    base = tmp_path
     (base / "graph.json").write_bytes(b"graph bytes")
     url = f"file://{base}/team"
     config = CacheConfig(local_dir=str(base / "store"), remote=url)
@@ -205,11 +208,24 @@ def test_a_clone_fetches_the_rest_of_a_chain_in_one_remote_trip(tmp_path, monkey
     remote = RemoteStore(url)
     digest = None
     for spec in chain:
-        data = f"{spec['stage']} bytes".encode()
-        remote.store(
-            stage_key(spec, input_digest=digest), {"artifact": data}, {"artifact": sha256(data)}
-        )
-        digest = sha256(data)
+        outputs = {"artifact": f"{spec['stage']} bytes".encode()}
+        if side is not None and spec["stage"] == "lir":
+            outputs["side/kernel.lir.map"] = side
+        digests = {name: sha256(data) for name, data in outputs.items()}
+        remote.store(stage_key(spec, input_digest=digest), outputs, digests)
+        digest = digests["artifact"]
+    return chain
+
+
+def must_not_run(spec):
+    raise AssertionError(f"{spec['stage']} ran although the remote has it")
+
+
+def test_a_clone_fetches_the_rest_of_a_chain_in_one_remote_trip(tmp_path, monkeypatch):
+    from kiln.tasks.cached import fetch_or_run
+
+    chain = remote_chain(tmp_path)
+    from kiln.cache.remote import RemoteStore
 
     trips = []
     real = RemoteStore._call
@@ -218,15 +234,41 @@ def test_a_clone_fetches_the_rest_of_a_chain_in_one_remote_trip(tmp_path, monkey
         "_call",
         lambda self, what, *a, **kw: trips.append(what) or real(self, what, *a, **kw),
     )
-
-    def must_not_run(spec):
-        raise AssertionError(f"{spec['stage']} ran although the remote has it")
-
     assert fetch_or_run(chain[0], must_not_run) == "fetched"
     for spec in chain:
         assert open(spec["artifact"], "rb").read() == f"{spec['stage']} bytes".encode()
     # the task's own action, then the lir and schedule actions together
     assert len(trips) == 2, trips
+
+
+def test_a_clone_stores_each_fetched_action_as_a_link_to_the_file_it_wrote(tmp_path):
+    import os
+
+    from kiln.tasks.cached import ROOT_PLACEHOLDER, fetch_or_run, stage_key
+
+    from kiln.cache.config import CacheConfig
+    from kiln.cache.session import session_for
+    from kiln.cache.store import LocalStore, sha256
+
+    portable_map = b'{"file": "' + ROOT_PLACEHOLDER + b'/kernels/k.py"}'
+    chain = remote_chain(tmp_path, side=portable_map)
+    assert fetch_or_run(chain[0], must_not_run) == "fetched"
+    session = session_for(CacheConfig(**chain[0]["cache"]))
+    assert session.unkept == {}  # every action held back was stored
+    store = LocalStore(tmp_path / "store")
+    for spec in chain:
+        key = stage_key(spec)
+        data = f"{spec['stage']} bytes".encode()
+        assert store.get_action(key)["artifact"] == sha256(data)
+        blob = store.blob_path(sha256(data))
+        # one file, written once: the artifact is the blob
+        assert os.path.samefile(blob, spec["artifact"]) and blob.read_bytes() == data
+    # the side artifact names this clone's root; its blob keeps the portable bytes
+    side = tmp_path / "out" / "kernel.lir.map"
+    assert side.read_bytes() == portable_map.replace(ROOT_PLACEHOLDER, str(tmp_path).encode())
+    blob = store.blob_path(sha256(portable_map))
+    assert blob.read_bytes() == portable_map and not os.path.samefile(blob, side)
+    assert store.lookup(stage_key(chain[1]))["side/kernel.lir.map"] == portable_map
 
 
 def test_a_source_saved_during_its_trace_is_traced_again_and_never_stored_under_its_key(
