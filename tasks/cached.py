@@ -188,10 +188,20 @@ def _fetch_or_run(spec: dict, run, keyed_sources: tuple) -> str:
     key = stage_key(spec)
     if session.remote is not None:
         session.claim(chain_id(spec))  # a chain fetched ahead is waited for, not fetched twice
-    outputs, how = session.lookup(key, keep=False)  # stored once its files are written
+    ahead: dict[str, dict[str, bytes]] = {}  # the chain's later actions, fetched with this one
+    if walks_chain(spec):  # one remote trip for the whole chain (stored once written)
+        then = keys_after(spec["chain"], spec["stage_index"], None, stage_key)
+        trip = session.lookup_run(key, then, keep=False)
+        outputs, how = (trip[0][1], trip[0][2]) if trip else (None, COMPILED)
+        ahead = {later_key: found for later_key, found, _ in trip[1:]}
+    else:
+        outputs, how = session.lookup(key, keep=False)
     if outputs is not None and "artifact" not in outputs:
-        session.keep_written(key, outputs)  # stored as fetched; the build stores over it
-        outputs, how = None, COMPILED  # some other action's entry (a report's): rebuilt over it
+        # some other action's entry (a report's): rebuilt over it; what came with it is
+        # stored as fetched, for the later tasks to find
+        for held_key, found in [(key, outputs), *ahead.items()]:
+            session.keep_written(held_key, found)
+        outputs, how, ahead = None, COMPILED, {}
     if (
         how == FETCHED
         and "prefetch" in spec
@@ -216,7 +226,7 @@ def _fetch_or_run(spec: dict, run, keyed_sources: tuple) -> str:
         write_outputs(artifact, outputs, spec["root"], session, key)
         log.info("%s %s: %s from cache %s", spec["instance"], spec["stage"], how, artifact)
         written = [(spec, artifact, outputs)]
-        settled = write_rest_of_chain(spec, session, outputs, produced, written)
+        settled = write_rest_of_chain(spec, session, outputs, produced, written, ahead)
         record_many(spec["root"], written)  # one manifest update for the whole walk
         _settled.update(settled)  # only once the manifest lists them
         return how
@@ -244,6 +254,7 @@ def write_rest_of_chain(
     outputs: dict[str, bytes],
     produced: dict | None,
     written: list[tuple[dict, Path, dict[str, bytes]]],
+    ahead: dict[str, dict[str, bytes]] | None = None,
 ) -> dict[str, Settled]:
     """Write the chain's later artifacts from the cache now, while their keys follow.
 
@@ -252,21 +263,21 @@ def write_rest_of_chain(
     one task; the later tasks find their artifact settled and only check it.
     A stage that dumps or is tuned stops the walk: its own task decides.
     ``produced``: outputs a remote executor just built, by key (already stored).
-    Appends what it wrote to ``written`` (for the caller's one manifest
-    update) and returns the settled artifacts by path.
+    ``ahead``: the later actions fetched with the first, by key (held back
+    from the store, see ``CacheSession.lookup``). Appends what it wrote to
+    ``written`` (for the caller's one manifest update) and returns the
+    settled artifacts by path.
     """
     chain = spec.get("chain")
     settled: dict[str, Settled] = {}
-    if not chain or (multiprocessing.parent_process() is not None and not whole_chains_here()):
-        # in a worker that may not run the later tasks (another process would find
-        # nothing settled and write everything again)
+    ahead = dict(ahead or {})  # fetched with an earlier stage, in one trip
+    if not walks_chain(spec):
         return settled
     input_digest = sha256(outputs["artifact"])
     graph_digest = input_digest if "trace" in spec else None
     first_dir = Path(spec["artifact"]).parent
     first = spec["stage_index"] + 1  # the first stage written ahead
     rest = chain[first:]
-    ahead: dict[str, dict[str, bytes]] = {}  # fetched with an earlier stage, in one trip
     try:
         for position, later in enumerate(rest):
             if not walkable(later):
@@ -313,6 +324,17 @@ def write_rest_of_chain(
         for later_key, found in ahead.items():  # fetched, not written: stored as they are
             session.keep_written(later_key, found)
     return settled
+
+
+def walks_chain(spec: dict) -> bool:
+    """Whether this process writes the rest of ``spec``'s chain ahead (write_rest_of_chain).
+
+    Not in a worker that may not run the later tasks: another process would
+    find nothing settled and write everything again.
+    """
+    return bool(spec.get("chain")) and (
+        multiprocessing.parent_process() is None or whole_chains_here()
+    )
 
 
 def read_with_identity(path: str | os.PathLike) -> tuple[bytes, tuple[int, int, int]]:

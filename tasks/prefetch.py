@@ -26,11 +26,12 @@ from collections.abc import Callable
 
 from kiln.logconfig import get_logger
 
-# Below this answer time a fetch costs less than the work of writing what it
-# brings, and threads fetching ahead only compete with the build for the
-# interpreter: a shared directory on this machine answers in about 0.2 ms,
-# and prefetching from it made a clone half as slow again.
-PREFETCH_MIN_LATENCY = 0.002
+# Below this time for one round trip (a run's first entry read) a fetch costs
+# less than the work of writing what it brings, and threads fetching ahead
+# only compete with the build for the interpreter: a shared directory on this
+# machine answers in about 0.05 ms, and prefetching from it made a clone
+# twice as slow; S3 answers in milliseconds.
+PREFETCH_MIN_LATENCY = 0.001
 PREFETCH_MIN_READS = 3  # judged on the quickest of a few answers, not the first alone
 STOP_WAIT = 2.0  # seconds the end of a build waits for walks under way
 log = get_logger("cache")

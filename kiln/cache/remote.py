@@ -148,8 +148,8 @@ class RemoteStore:
         self.warned_keys: set[str] = set()
         self.fetched_bytes = 0
         self.uploaded_bytes = 0
-        self.fastest_read = float("inf")  # seconds: the quickest answer to an action read
-        self.reads = 0  # action reads answered (found or not)
+        self.fastest_read = float("inf")  # seconds: the quickest answer to an entry read
+        self.reads = 0  # runs whose first entry read was answered (found or not)
         self._lock = threading.Lock()
         self._callers = threading.local()  # one serving thread per calling thread
         self.fs, self.root, self.protocol = None, "", url.split("://", 1)[0]
@@ -231,14 +231,10 @@ class RemoteStore:
 
     def lookup_verified(self, key: str) -> tuple[dict[str, bytes], dict[str, str]] | None:
         """(outputs, their digests by name) of ``key``, every blob checked; or None."""
-        start = time.perf_counter()
         progress = [time.monotonic()]
         read = self._call(
             f"reading action {key}", self._read_run, key, _no_more, progress, progress=progress
         )
-        if not self.broken:  # a read refused by the open breaker says nothing of speed
-            self.fastest_read = min(self.fastest_read, time.perf_counter() - start)
-            self.reads += 1
         if read is None or not read[0]:
             return None
         (_, outputs), blobs = read[0][0], read[1]
@@ -307,15 +303,20 @@ class RemoteStore:
         Each read sets ``progress[0]``: the deadline is per read, not per run.
         """
         entries: list[tuple[str, dict[str, str] | None]] = []
+        start = time.perf_counter()
         while key is not None:
             try:
                 outputs = parse_action_entry(self.fs.cat_file(self._path("ac", key)))
             except FileNotFoundError as exc:
                 if _no_bucket(exc):  # not a miss: the cache would stay empty without a word
                     raise MissingBucket(str(exc)) from None
+                if not entries:  # "no such entry" is an answer too
+                    self._answered(time.perf_counter() - start)
                 break
             except IsADirectoryError:  # one damaged object, not the remote: reported by key
                 outputs = None
+            if not entries:  # the run's first answer, one round trip: see worth_prefetching
+                self._answered(time.perf_counter() - start)
             progress[0] = time.monotonic()
             entries.append((key, outputs))
             if outputs is None:
@@ -325,6 +326,11 @@ class RemoteStore:
         paths = [self._path("cas", d) for d in sorted(digests)]
         blobs = self._read_blobs(paths, progress) if paths else {}
         return entries, blobs
+
+    def _answered(self, seconds: float) -> None:
+        with self._lock:  # prefetch threads read side by side
+            self.fastest_read = min(self.fastest_read, seconds)
+            self.reads += 1
 
     def _read_blobs(
         self, paths: list[str], progress: list | None = None
