@@ -12,7 +12,8 @@ Side by side, in one run, on a generated project of gemm kernels (a cold
 - a clean clone with a warm remote (shared directory, filled by a build of
   its own) vs a local no-op build, each the median of 3; targets: 0
   compiled, wall time at most 3x the no-op; the same clone with ``-n 2``
-  is printed beside it, not judged;
+  is printed beside it, not judged, as is the floor: the same clean build
+  with every action cut down to copying its files (bare_writes.py);
 - bytes uploaded and fetched, and the clone's hit rate;
 - a clean clone from moto's S3 server (when installed), one action at a
   time (``KILN_PREFETCH_THREADS=0``) vs fetching ahead; not judged.
@@ -49,6 +50,7 @@ VS_PROCESSES_TARGET = 0.9
 CLONE_TARGET = 3.0
 CLONE_RUNS = 3
 MIN_COLD_N1 = 10.0  # seconds: the cold -n 1 build the Dask comparison is made on
+BARE_WRITES = Path(__file__).resolve().parent / "bare_writes.py"
 
 
 def make_project(root: Path, kernels: int, size: int) -> None:
@@ -76,8 +78,13 @@ def make_project(root: Path, kernels: int, size: int) -> None:
     )
 
 
-def kiln(cwd: Path, *args: str, env: dict | None = None) -> tuple[float, str]:
-    """(wall seconds, stdout) of one `kiln` run in ``cwd``; exits on failure."""
+def kiln(
+    cwd: Path, *args: str, env: dict | None = None, launcher: Path | None = None
+) -> tuple[float, str]:
+    """(wall seconds, stdout) of one `kiln` run in ``cwd``; exits on failure.
+
+    ``launcher``: a script run instead of ``python -m kiln.cli`` (bare_writes.py).
+    """
     full = dict(os.environ, KILN_CACHE_DIR=str(cwd / ".cache"))
     full.pop("KILN_REMOTE_CACHE", None)
     # every run from cached bytecode, as an installed tool runs (see noop_overhead.py)
@@ -85,9 +92,8 @@ def kiln(cwd: Path, *args: str, env: dict | None = None) -> tuple[float, str]:
     full["PYTHONPYCACHEPREFIX"] = str(cwd.parent / "pyc")
     full.update(env or {})
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "kiln.cli", *args], cwd=cwd, env=full, capture_output=True, text=True
-    )
+    command = [sys.executable, str(launcher)] if launcher else [sys.executable, "-m", "kiln.cli"]
+    proc = subprocess.run([*command, *args], cwd=cwd, env=full, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         abort(f"kiln {' '.join(args)} failed in {cwd}:\n{proc.stdout}\n{proc.stderr}")
@@ -238,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         t_cluster = external_cluster(fresh(base, "cluster", kernels, size))
         s3 = s3_clone(base, size, 2 if args.quick else S3_KERNELS)
         # both short and noisy: the median of CLONE_RUNS each, interleaved
-        noops, clones, clones_n2 = [], [], []
+        noops, clones, clones_n2, floors = [], [], [], []
         for run in range(1 if args.quick else CLONE_RUNS):
             noops.append(kiln(origin, "compile")[0])
             clone = fresh(base, f"clone{run}", kernels, size)
@@ -247,7 +253,12 @@ def main(argv: list[str] | None = None) -> int:
             # the clone as a 2-core CI runner builds it (docs/ci.md): not judged
             two = fresh(base, f"clone{run}-n2", kernels, size)
             clones_n2.append(kiln(two, "compile", "-n", "2", env=warm_env)[0])
+            # the least a clone through doit's tasks costs: each task only copies its files
+            bare = fresh(base, f"floor{run}", kernels, size)
+            floor_env = {"KILN_BARE_FROM": str(origin)}
+            floors.append(kiln(bare, "compile", env=floor_env, launcher=BARE_WRITES)[0])
         t_noop, t_clone = statistics.median(noops), statistics.median(clones)
+        t_floor = statistics.median(floors)
         t_clone_n2 = statistics.median(clones_n2)
         fetched, compiled = counts(out)
         uploaded = tree_bytes(remote) if remote.exists() else 0
@@ -287,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  the same clone with -n 2: {t_clone_n2:.2f} s = {t_clone_n2 / t_noop:.2f}x the no-op "
         "(not judged)"
+    )
+    print(
+        f"  floor, each task only copying its files: {t_floor:.2f} s = "
+        f"{t_floor / t_noop:.2f}x the no-op (no cache work at all; not judged)"
     )
     print(f"bytes uploaded: {uploaded}, bytes fetched: {downloaded}, hit rate: {hit_rate:.0%}")
     if s3 is None:
