@@ -16,25 +16,25 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kiln.tasks.affinity import whole_chains_here
+from kiln.tasks.cached_outputs import (
+    SIDE,
+    portable,
+    read_with_identity,
+    record_many,
+    write_outputs,
+)
 from kiln.tasks.digest import stage_module_info
+from kiln.tasks.file_digests import digest_of, file_stat
 from kiln.tasks.prefetch import Prefetcher, chain_id, keys_after, walkable, worth_prefetching
 
-from kiln import fsutil
 from kiln.cache.action import action_key
 from kiln.cache.config import CacheConfig
 from kiln.cache.session import COMPILED, FETCHED, session_for
-from kiln.cache.store import SIDE_PREFIX, sha256
+from kiln.cache.store import sha256
 from kiln.errors import KilnError, Location
 from kiln.logconfig import get_logger
 
 log = get_logger("cache")
-SIDE = SIDE_PREFIX  # output names of side artifacts (source maps), next to the artifact
-ROOT_PLACEHOLDER = b"<kiln-project-root>"
-
-# Files this process wrote or hashed, with their digest, valid while (size, mtime, inode)
-# hold: the next stage's key needs its input's digest, and every instance of a kernel
-# file hashes that file for its trace key: hashing either again is wasted work.
-_digests: dict[str, tuple[tuple[int, int, int], str]] = {}
 
 
 class Settled(NamedTuple):
@@ -57,28 +57,10 @@ def is_settled(spec: dict) -> bool:
     return settled is not None and settled.spec is spec
 
 
-def _stat(path: str) -> tuple[int, int, int] | None:
-    try:
-        return fsutil.stat_identity(os.stat(path))
-    except OSError:
-        return None
-
-
-def _key_inputs_stat(spec: dict) -> tuple:
+def _key_inputsfile_stat(spec: dict) -> tuple:
     """Stats of the files a later stage's key hashes: its input, and the graph for the binary."""
     graph = spec.get("build", {}).get("graph")
-    return (_stat(spec["input"]), _stat(graph) if graph else ())
-
-
-def _digest(path: str) -> str:
-    stat = _stat(path)
-    known = _digests.get(path)
-    if known is not None and known[0] == stat:
-        return known[1]
-    digest = fsutil.file_digest(path)
-    if stat is not None:
-        _digests[path] = (stat, digest)
-    return digest
+    return (file_stat(spec["input"]), file_stat(graph) if graph else ())
 
 
 def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | None = None) -> str:
@@ -89,16 +71,16 @@ def stage_key(spec: dict, input_digest: str | None = None, graph_digest: str | N
     """
     root = spec["root"]
     if "trace" in spec:
-        inputs = {_rel(p, root): _digest(p) for p in spec.get("sources", ())}
+        inputs = {_rel(p, root): digest_of(p) for p in spec.get("sources", ())}
         extra = {"trace": spec["trace"]}
     else:
-        inputs = {"input": input_digest or _digest(spec["input"])}
+        inputs = {"input": input_digest or digest_of(spec["input"])}
         extra = {}
     if "build" in spec:
         build = dict(spec["build"])
         graph = build.pop("graph")
         if graph_digest is None and os.path.isfile(graph):
-            graph_digest = _digest(graph)
+            graph_digest = digest_of(graph)
         build["graph_sha256"] = graph_digest
         extra["build"] = build
     extra["stage"] = spec["stage"]
@@ -143,7 +125,7 @@ SOURCE_TRIES = 3
 
 def sources_identity(spec: dict) -> tuple:
     """(size, mtime, inode) of each kernel source a trace reads: () for later stages."""
-    return tuple(_stat(p) for p in spec.get("sources", ()))
+    return tuple(file_stat(p) for p in spec.get("sources", ()))
 
 
 def fetch_or_run(spec: dict, run) -> str:
@@ -178,8 +160,8 @@ def _fetch_or_run(spec: dict, run, keyed_sources: tuple) -> str:
     if (
         settled is not None
         and settled.spec is spec
-        and settled.stat == _stat(spec["artifact"])
-        and settled.made_from == _key_inputs_stat(spec)
+        and settled.stat == file_stat(spec["artifact"])
+        and settled.made_from == _key_inputsfile_stat(spec)
     ):
         # written from the cache by this chain's first task, from the input it still has:
         # its key then is the one the walk computed, and the artifact is unchanged since
@@ -310,10 +292,10 @@ def write_rest_of_chain(
                 how,
                 artifact,
             )
-            stat = _stat(later["artifact"])
+            stat = file_stat(later["artifact"])
             if stat is None:
                 break
-            made_from = _key_inputs_stat(later)
+            made_from = _key_inputsfile_stat(later)
             if None in made_from:
                 break
             settled[later["artifact"]] = Settled(later, how, stat, made_from)
@@ -335,95 +317,6 @@ def walks_chain(spec: dict) -> bool:
     return bool(spec.get("chain")) and (
         multiprocessing.parent_process() is None or whole_chains_here()
     )
-
-
-def read_with_identity(path: str | os.PathLike) -> tuple[bytes, tuple[int, int, int]]:
-    """A file's bytes and its (size, mtime, inode) as read: the file they came from."""
-    with open(path, "rb") as f:
-        identity = fsutil.stat_identity(os.fstat(f.fileno()))
-        return f.read(), identity
-
-
-def portable(data: bytes, root: str) -> bytes:
-    """A side artifact (a source map) with the project's root path as a placeholder.
-
-    Side artifacts may name the kernel's file; the placeholder lets a clone
-    in another directory (or a Dask worker's scratch copy) share them.
-    """
-    return data.replace(str(root).encode(), ROOT_PLACEHOLDER)
-
-
-def write_outputs(
-    artifact: Path,
-    outputs: dict[str, bytes],
-    root: str,
-    session,
-    key: str,
-    *,
-    sweep: bool = True,
-) -> None:
-    """Write a stage's artifact and its side artifacts from cached outputs, atomically.
-
-    A stored action's files are hard links to its blobs in the local store
-    where they can be (see LocalStore.place), else copies. A fetched one
-    held back from the store (``CacheSession.lookup(keep=False)``) is
-    written first and stored after, its blobs links to the files just
-    written: fewer writes than storing it first. ``sweep`` False: the
-    directory was just cleared of a killed build's temp files.
-    """
-    if sweep:
-        fsutil.remove_stale_tmp(artifact.parent)  # left by a build killed mid-write
-    store = session.local
-    held = session.unkept.get(key)  # the digests of a fetched action held back
-    fresh = held is not None
-    sources: dict[str, tuple[str, tuple[int, int, int]]] = {}
-    for name, data in outputs.items():
-        if name == "artifact":
-            target = str(artifact)
-            local = data
-        elif name.startswith(SIDE):
-            target = str(artifact.parent / name[len(SIDE) :])
-            local = data.replace(ROOT_PLACEHOLDER, str(root).encode())
-        else:
-            continue
-        digest = held[name] if fresh else sha256(data)
-        stat = None
-        if local is not data and local != data:
-            # the source map names this clone's root: the store keeps the portable bytes
-            fsutil.write_bytes_atomic(target, local)
-        elif not fresh:
-            store.place(digest, target, data)
-        else:
-            stat = fsutil.write_with_identity(target, data)
-            if stat is not None:
-                sources[name] = (target, stat)
-        if name == "artifact":
-            stat = stat or _stat(target)  # None from a write: it held those bytes already
-            if stat is not None:
-                _digests[target] = (stat, digest)
-    if fresh:
-        session.keep_written(key, outputs, sources)
-
-
-def record_many(root: str, fetched: list[tuple[dict, Path, dict[str, bytes]]]) -> None:
-    """List fetched files in the instance's manifest, as a stage run does: one write.
-
-    Without it a fetched artifact escapes the damage check and ``kiln clean``.
-    """
-    from kiln.tasks import manifest
-
-    manifest.forget_index(os.path.join(root, ".kiln"))
-    entries = []
-    known = {}
-    for _, artifact, outputs in fetched:
-        path = str(artifact)
-        entries.append(
-            (path, [str(artifact.parent / n[len(SIDE) :]) for n in outputs if n.startswith(SIDE)])
-        )
-        memo = _digests.get(path)
-        if memo is not None:
-            known[path] = memo  # (stat, sha256) from the write just done
-    manifest.record_artifacts(str(fetched[0][1].parent), entries, known=known)
 
 
 def _rel(path: str, root: str) -> str:

@@ -99,7 +99,7 @@ def warm_up(modules: list[str]) -> None:
 
 
 def _run_stages(payload: dict, work: Path, root: Path | None) -> list[dict[str, bytes]]:
-    from kiln.tasks.cached import SIDE, portable
+    from kiln.tasks.cached_outputs import SIDE, portable
 
     from kiln.options import build_options
 

@@ -39,8 +39,9 @@ class CacheSession:
         # fetched ahead into the local store (tasks/prefetch.py): fetches when found, not hits
         self.prefetched: set[str] = set()
         self.missing_remotely: set[str] = set()  # keys a walk found nowhere: not asked again
-        # fetched with keep=False, by key: their output digests, until keep_written stores them
-        self.unkept: dict[str, dict[str, str]] = {}
+        # fetched with keep=False, by key: (output digests, the outputs themselves) until
+        # keep_written stores them
+        self.unkept: dict[str, tuple[dict[str, str], dict[str, bytes]]] = {}
         self.prefetcher = None
         self._claimed: set[str] = set()  # chains tasks took before the prefetcher started
 
@@ -120,7 +121,17 @@ class CacheSession:
             self._keep(key, found, digests)
         else:
             with self._lock:
-                self.unkept[key] = digests
+                self.unkept[key] = (digests, found)
+
+    def held_back(self, key: str, outputs: dict[str, bytes]) -> dict[str, str] | None:
+        """The digests of ``outputs`` when they are the fetched action held back under ``key``.
+
+        None for any other outputs, such as a local hit for the same key
+        after a held-back action was never written: only the very bytes
+        fetched and verified may become the blobs of the files written.
+        """
+        held = self.unkept.get(key)
+        return held[0] if held is not None and held[1] is outputs else None
 
     def keep_written(
         self,
@@ -136,9 +147,13 @@ class CacheSession:
         and stores it for a link. Nothing for a key not held back (a hit).
         """
         with self._lock:
-            digests = self.unkept.pop(key, None)
-        if digests is not None:
-            self._keep(key, found, digests, sources)
+            held = self.unkept.pop(key, None)
+        if held is None:
+            return
+        digests, fetched = held
+        if fetched is not found:  # other bytes were written: store the fetched ones, copied
+            sources = None
+        self._keep(key, fetched, digests, sources)
 
     def keep_prefetched(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
         """Store an action fetched ahead of its task (on a prefetch thread: at once)."""

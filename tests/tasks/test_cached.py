@@ -244,7 +244,8 @@ def test_a_clone_fetches_a_whole_chain_in_one_remote_trip(tmp_path, monkeypatch)
 def test_a_clone_stores_each_fetched_action_as_a_link_to_the_file_it_wrote(tmp_path):
     import os
 
-    from kiln.tasks.cached import ROOT_PLACEHOLDER, fetch_or_run, stage_key
+    from kiln.tasks.cached import fetch_or_run, stage_key
+    from kiln.tasks.cached_outputs import ROOT_PLACEHOLDER
 
     from kiln.cache.config import CacheConfig
     from kiln.cache.session import session_for
@@ -319,3 +320,24 @@ def test_a_source_saved_during_its_trace_is_traced_again_and_never_stored_under_
         fetch_or_run(dict(spec, instance="k.other"), always_saving)
     assert "changed during each of 3 traces" in info.value.message
     assert info.value.location.file == str(source)
+
+
+def test_a_fetched_stage_whose_file_cannot_be_written_is_still_stored(tmp_path):
+    from kiln.tasks.cached import fetch_or_run, stage_key
+
+    from kiln.cache.config import CacheConfig
+    from kiln.cache.session import session_for
+    from kiln.cache.store import LocalStore, sha256
+
+    chain = remote_chain(tmp_path)
+    (tmp_path / "out" / "kernel.lir").mkdir(parents=True)  # a directory in the lir's place
+    assert fetch_or_run(chain[0], must_not_run) == "fetched"
+    session = session_for(CacheConfig(**chain[0]["cache"]))
+    assert session.unkept == {}  # nothing fetched is left out of the store
+    store = LocalStore(tmp_path / "store")
+    digest = sha256(b"visa bytes")
+    for spec in chain[1:]:  # the lir that failed, and the schedule fetched with it
+        data = f"{spec['stage']} bytes".encode()
+        assert store.lookup(stage_key(spec, input_digest=digest)) == {"artifact": data}
+        digest = sha256(data)
+    assert not (tmp_path / "out" / "kernel.sched").exists()  # the walk stopped there
