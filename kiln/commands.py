@@ -43,7 +43,7 @@ def cmd_compile(args) -> int:
     from kiln.tasks.build import compile_instances, start_executor, write_dump
 
     project = _project()
-    start_executor(project)  # a LocalCluster starts while the kernels are found
+    start_executor(project)  # a first build's LocalCluster starts while the kernels are found
     instances = _select(project, args, "compile").instances
     dumps = {
         k: getattr(args, f"dump_{k}")

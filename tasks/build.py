@@ -54,9 +54,13 @@ def start_executor(project: Project) -> dict | None:
     for nothing made a no-op build three times as slow.
     """
     executor = resolve_executor(project.pipeline.executor, project.root)
-    if executor is not None and not project.dep_file.exists():
-        from kiln.tasks.remote_exec import prestart
+    if executor is None:
+        return None
+    from kiln.tasks.remote_exec import allow_start, prestart
 
+    if project.dep_file.exists():
+        allow_start(executor)
+    else:
         prestart(executor, [stage.module for stage in project.pipeline.stages])
     return executor
 

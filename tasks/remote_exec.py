@@ -43,6 +43,7 @@ _reported: set[tuple] = set()  # ... and the others build locally without a word
 _lost: set[tuple] = set()  # given up mid-build (one warning): the rest builds locally
 _warned: set[int] = set()  # ids of batch errors already warned about
 _prestarted: set[tuple] = set()  # executors whose client prestart has started
+_startable: set[tuple] = set()  # executors a lookup thread may start or connect (allow_start)
 
 
 def _key(executor: dict) -> tuple:
@@ -73,10 +74,11 @@ def connected_client(executor: dict, *, start: bool = True):
     For chains sent ahead of their tasks: a connection error is the first
     action's to report (``dask_client``), with the action's own notes.
     ``start=False``: only a client connected or being connected (by ``prestart``)
-    this build; None rather than start one (a closed build's cluster, again).
+    this build, or one ``allow_start`` let start; None rather than start one (a
+    closed build's cluster, again).
     """
     key = _key(executor)
-    if not start and key not in _clients and key not in _prestarted:
+    if not start and key not in _clients and key not in _prestarted and key not in _startable:
         return None
     try:
         return _connect(executor)
@@ -227,6 +229,18 @@ def prestart(executor: dict, stage_modules: list[str]) -> None:
     threading.Thread(target=start, name="kiln-dask-start", daemon=True).start()
 
 
+def allow_start(executor: dict) -> None:
+    """Let this build's remote-cache lookups start the client when a chain first needs it.
+
+    A build that does not prestart (see tasks/build.py ``start_executor``)
+    would otherwise send nothing ahead until a task's own action connected:
+    every lookup answered meanwhile left its chain to run alone, one after
+    the other. ``close_clients`` takes it back.
+    """
+    with _client_lock:
+        _startable.add(_key(executor))
+
+
 def warm_workers(client, stage_modules: list[str]) -> None:
     """One task per worker importing the stages; it runs ahead of the first chains."""
     from distributed import fire_and_forget
@@ -248,6 +262,7 @@ def close_clients() -> None:
         clients = list(_clients.values())
         _clients.clear()
         _prestarted.clear()
+        _startable.clear()
     for client in clients:
         _close(client)
 

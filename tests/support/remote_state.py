@@ -17,6 +17,7 @@ def empty_build_state(monkeypatch) -> None:
         ("_warned", set()),
         ("_ahead", {}),
         ("_prestarted", set()),
+        ("_startable", set()),
     ):
         monkeypatch.setattr(remote_exec, name, value)
     monkeypatch.setattr(chain_batches, "_batchers", {})

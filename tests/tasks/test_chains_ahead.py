@@ -287,3 +287,15 @@ def test_a_lookup_thread_never_starts_a_cluster(fresh):
     assert remote_exec.connected_client(EXECUTOR) == "client"
     fresh.setattr(remote_exec, "_prestarted", {remote_exec._key(EXECUTOR)})
     assert remote_exec.connected_client(EXECUTOR, start=False) == "client"
+
+
+def test_a_lookup_thread_may_start_the_cluster_once_the_build_allows_it(fresh):
+    """A later build starts its cluster on demand: lookups may then start it, until it closes."""
+    calls: list[dict] = []
+    fresh.setattr(remote_exec, "_connect", lambda executor: calls.append(executor) or "client")
+    remote_exec.allow_start(EXECUTOR)
+    assert remote_exec.connected_client(EXECUTOR, start=False) == "client"
+    assert calls == [EXECUTOR]
+    remote_exec.close_clients()  # the build is over: a late lookup starts nothing
+    assert remote_exec.connected_client(EXECUTOR, start=False) is None
+    assert calls == [EXECUTOR]
