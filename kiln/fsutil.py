@@ -32,20 +32,22 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
     does not wake the stages after it. Readers never see a partial file.
     ``durable`` also fsyncs the data before the rename.
     """
-    return _write_atomic(os.fspath(path), data, durable, False) is not None
+    return _write_atomic(os.fspath(path), data, durable=durable) is not None
 
 
-def write_with_identity(path: str, data: bytes) -> tuple[int, int, int] | None:
+def write_with_identity(path: str | os.PathLike, data: bytes) -> tuple[int, int, int] | None:
     """``write_bytes_atomic``, returning the written file's (size, mtime, inode).
 
     None when the file already held ``data`` (left alone). The identity is
     the file's as written, read from its descriptor: a hard link made to it
     afterwards can be checked to be that very file (LocalStore.put_blob).
     """
-    return _write_atomic(path, data, False, True)
+    return _write_atomic(os.fspath(path), data, identity=True)
 
 
-def _write_atomic(target: str, data: bytes, durable: bool, identity: bool):
+def _write_atomic(
+    target: str, data: bytes, *, durable: bool = False, identity: bool = False
+) -> bool | tuple[int, int, int] | None:
     """None when ``target`` held ``data``; else True, or its identity when asked."""
     # plain strings and os calls: this runs for every artifact, blob and entry of a build
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 from kiln.tasks.file_digests import file_stat, remember, remembered
 
 from kiln import fsutil
-from kiln.cache.store import SIDE_PREFIX, sha256
+from kiln.cache.store import SIDE_PREFIX, FileSource, sha256
 
 SIDE = SIDE_PREFIX  # output names of side artifacts (source maps), next to the artifact
 ROOT_PLACEHOLDER = b"<kiln-project-root>"
@@ -58,7 +58,7 @@ def write_outputs(
         fsutil.remove_stale_tmp(artifact.parent)  # left by a build killed mid-write
     store = session.local
     held = session.held_back(key, outputs)  # the digests of a fetched action held back
-    sources: dict[str, tuple[str, tuple[int, int, int]]] = {}
+    sources: dict[str, FileSource] = {}
     try:
         for name, data in outputs.items():
             _write_output(artifact, name, data, root, store, held, sources)
@@ -77,7 +77,7 @@ def _write_output(
     root: str,
     store,
     held: dict[str, str] | None,
-    sources: dict[str, tuple[str, tuple[int, int, int]]],
+    sources: dict[str, FileSource],
 ) -> None:
     """Write one output of ``write_outputs``; a file fit to be its blob goes in ``sources``."""
     if name == "artifact":

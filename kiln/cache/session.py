@@ -10,7 +10,7 @@ import json
 import threading
 
 from kiln.cache.config import CacheConfig
-from kiln.cache.store import LocalStore
+from kiln.cache.store import FileSource, LocalStore
 from kiln.fsutil import write_bytes_atomic
 
 HIT, FETCHED, COMPILED = "hit", "fetched", "compiled"
@@ -137,7 +137,7 @@ class CacheSession:
         self,
         key: str,
         found: dict[str, bytes],
-        sources: dict[str, tuple[str, tuple[int, int, int]]] | None = None,
+        sources: dict[str, FileSource] | None = None,
     ) -> None:
         """Store a fetched action held back by ``keep=False``, its artifacts now written.
 
@@ -189,7 +189,7 @@ class CacheSession:
         key: str,
         found: dict[str, bytes],
         digests: dict[str, str],
-        sources: dict[str, tuple[str, tuple[int, int, int]]] | None = None,
+        sources: dict[str, FileSource] | None = None,
     ) -> None:
         try:
             self.local.store(key, found, digests, sources)  # verified on fetch: not hashed again
@@ -204,7 +204,7 @@ class CacheSession:
         self,
         key: str,
         outputs: dict[str, bytes],
-        sources: dict[str, tuple[str, tuple[int, int, int]]] | None = None,
+        sources: dict[str, FileSource] | None = None,
     ) -> None:
         """Store outputs just built; ``sources``: files holding them (see LocalStore.store)."""
         digests = self.local.store(key, outputs, sources=sources)

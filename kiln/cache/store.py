@@ -44,6 +44,8 @@ RACY_NS = 2_000_000_000
 # artifacts "side/<file name>" written next to it.
 PRIMARY_OUTPUTS = ("artifact", "report", "vmfb")
 SIDE_PREFIX = "side/"
+# A file holding a blob's very bytes: (path, (size, mtime_ns, inode) as it was read or written)
+FileSource = tuple[str, tuple[int, int, int]]
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _PLAIN_FILE = re.compile(r"[^/\\\x00]{1,255}")  # one path component, nothing that climbs
 
@@ -110,7 +112,7 @@ class LocalStore:
         self,
         data: bytes,
         digest: str | None = None,
-        source: tuple[str, tuple[int, int, int]] | None = None,
+        source: FileSource | None = None,
     ) -> str:
         """Store ``data``; ``digest`` is its sha256 when the caller has just verified it.
 
@@ -139,7 +141,7 @@ class LocalStore:
             pass
         return digest
 
-    def _link_in(self, source: tuple[str, tuple[int, int, int]], path: str) -> bool | None:
+    def _link_in(self, source: FileSource, path: str) -> bool | None:
         """Make ``path`` a hard link to ``source``'s file if it still is the file it was.
 
         True: linked; False: stored by another writer first; None: not linked.
@@ -249,7 +251,7 @@ class LocalStore:
         key: str,
         outputs: dict[str, bytes],
         digests: dict[str, str] | None = None,
-        sources: dict[str, tuple[str, tuple[int, int, int]]] | None = None,
+        sources: dict[str, FileSource] | None = None,
     ) -> dict[str, str]:
         """Store the outputs of ``key``; ``digests``: theirs by name, when already verified.
 
