@@ -57,7 +57,7 @@ def is_settled(spec: dict) -> bool:
     return settled is not None and settled.spec is spec
 
 
-def _key_inputsfile_stat(spec: dict) -> tuple:
+def _key_inputs_stat(spec: dict) -> tuple:
     """Stats of the files a later stage's key hashes: its input, and the graph for the binary."""
     graph = spec.get("build", {}).get("graph")
     return (file_stat(spec["input"]), file_stat(graph) if graph else ())
@@ -161,7 +161,7 @@ def _fetch_or_run(spec: dict, run, keyed_sources: tuple) -> str:
         settled is not None
         and settled.spec is spec
         and settled.stat == file_stat(spec["artifact"])
-        and settled.made_from == _key_inputsfile_stat(spec)
+        and settled.made_from == _key_inputs_stat(spec)
     ):
         # written from the cache by this chain's first task, from the input it still has:
         # its key then is the one the walk computed, and the artifact is unchanged since
@@ -295,7 +295,7 @@ def write_rest_of_chain(
             stat = file_stat(later["artifact"])
             if stat is None:
                 break
-            made_from = _key_inputsfile_stat(later)
+            made_from = _key_inputs_stat(later)
             if None in made_from:
                 break
             settled[later["artifact"]] = Settled(later, how, stat, made_from)
