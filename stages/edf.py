@@ -27,6 +27,8 @@ from kiln.summary import format_summary, summarize
 NAME = "edf"
 INPUT = "kernel.sched"  # what the stage reads: the previous stage's ARTIFACT, checked at load
 ARTIFACT = "kernel.edf"
+# what the compiler driver may call beyond run/verify/serialize/read (kiln/driver.py)
+CAPABILITIES = frozenset({"metadata", "exact_round_trip"})
 
 
 @dataclass(frozen=True)

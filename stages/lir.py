@@ -29,6 +29,8 @@ from kiln.ir.visa import ITEMSIZE, Imm, Tile, View
 NAME = "lir"
 INPUT = "kernel.visa"  # what the stage reads: the previous stage's ARTIFACT, checked at load
 ARTIFACT = "kernel.lir"
+# what the compiler driver may call beyond run/verify/serialize/read (kiln/driver.py)
+CAPABILITIES = frozenset({"decode", "exact_round_trip"})
 ALIGN = 64
 
 

@@ -31,6 +31,8 @@ from kiln.ir.schedule_check import (
 NAME = "schedule"
 INPUT = "kernel.lir"  # what the stage reads: the previous stage's ARTIFACT, checked at load
 ARTIFACT = "kernel.sched"
+# what the compiler driver may call beyond run/verify/serialize/read (kiln/driver.py)
+CAPABILITIES = frozenset({"decode", "exact_round_trip"})
 POLICIES = ("critical-path", "in-order")
 
 

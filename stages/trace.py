@@ -29,6 +29,8 @@ from kiln.lang.tracer import trace_with_lines
 NAME = "trace"
 INPUT = "kernel source"  # the first stage: it reads the @device function, checked at load
 ARTIFACT = "graph.json"
+# what the compiler driver may call beyond run/verify/serialize/read (kiln/driver.py)
+CAPABILITIES = frozenset({"side_artifacts", "decode", "exact_round_trip"})
 # Where each node came from, beside graph.json and never inside it: a comment
 # edit rewrites this file while graph.json keeps its bytes (early cutoff).
 SOURCE_MAP = "graph.srcmap.json"

@@ -28,6 +28,8 @@ from kiln.ir.graph import Graph
 NAME = "visa"
 INPUT = "graph.json"  # what the stage reads: the previous stage's ARTIFACT, checked at load
 ARTIFACT = "kernel.visa"
+# what the compiler driver may call beyond run/verify/serialize/read (kiln/driver.py)
+CAPABILITIES = frozenset({"side_artifacts", "decode", "exact_round_trip"})
 # vISA instruction -> graph node id, beside the artifact (see run_with_side_artifacts)
 NODE_MAP = "kernel.visa.nodes.json"
 

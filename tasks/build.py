@@ -7,10 +7,12 @@ import os
 import time
 from pathlib import Path
 
+from kiln.tasks import ahead
 from kiln.tasks.compile import DUMP_FILES, stage_artifact
 from kiln.tasks.doit_commands import KilnDoitMain
 from kiln.tasks.executor import resolve_executor
 from kiln.tasks.importpath import add_project_root
+from kiln.tasks.instance_spec import ExecutorSettings
 from kiln.tasks.loader import KilnLoader, doit_command, lock_for_command
 from kiln.tasks.lock import release
 from kiln.tasks.project import KernelInstance, Project
@@ -44,48 +46,42 @@ def run_doit(
             release(loader.project.state_dir)
 
 
-def start_executor(project: Project) -> dict | None:
-    """Start the dask executor's cluster now, while the build finds what to build
-    (once per build: later calls find it started); the executor, None for local.
-
-    Only for a project's first build (no record of one in its out dir): a
-    build after it often has nothing or little to do, and the cluster then
-    starts when a chain first needs it. Starting and closing a LocalCluster
-    for nothing made a no-op build three times as slow.
-    """
+def start_executor(project: Project) -> ExecutorSettings | None:
+    """The build's executor settings (checked now: a bad one is one message before any work)."""
     executor = resolve_executor(project.pipeline.executor, project.root)
     if executor is None:
         return None
-    from kiln.tasks.remote_exec import allow_start, prestart
-
-    if project.dep_file.exists():
-        allow_start(executor)
-    else:
-        prestart(executor, [stage.module for stage in project.pipeline.stages])
-    return executor
+    return ExecutorSettings(
+        kind="dask",
+        workers=executor.get("workers") or 1,
+        address=executor.get("address"),
+        source=executor.get("source") or "",
+    )
 
 
 def compile_instances(
     project: Project, instances: list[KernelInstance], jobs: int = 0, *, fail_fast: bool = False
 ) -> int:
-    """Build ``instances``; 0 when all built, 1 when any failed (the others are still built)."""
-    last = project.pipeline.stages[-1].name
+    """Build ``instances``; 0 when all built, 1 when any failed (the others are still built).
+
+    doit's plain runner walks the tasks; with ``jobs`` > 1 (or a Dask
+    executor) the chains of the stale ones run on an executor ahead of
+    their tasks (tasks/ahead.py).
+    """
     # one id for this build's processes: they share the remote cache's breaker
     os.environ.setdefault("KILN_BUILD_ID", f"{os.getpid()}-{time.time_ns()}")
-    names = [f"compile:{inst.name}.{last}" for inst in instances]
-    argv = ["run"] + (["-n", str(jobs)] if jobs > 1 else []) + names
-    executor = start_executor(project)
-    if executor is not None:
-        from kiln.tasks.remote_exec import close_clients
-
-        # doit's plain runner, which sends chains to Dask ahead (tasks/ahead_runner.py);
-        # -n is the LocalCluster's worker count, not doit's
-        argv = ["run", *names]
+    names = [f"compile:{inst.name}" for inst in instances]
+    settings = start_executor(project)
+    if settings is None and jobs > 1:
+        settings = ExecutorSettings(kind="pool", workers=jobs)
+    if settings is not None:
+        ahead.start(settings, str(project.root))
     try:
-        rc = run_doit(project, argv, fail_fast=fail_fast, instances=instances, groups=("compile",))
+        rc = run_doit(
+            project, ["run", *names], fail_fast=fail_fast, instances=instances, groups=("compile",)
+        )
     finally:
-        if executor is not None:
-            close_clients()
+        ahead.finish()
     return 1 if rc == 2 else rc  # doit's 2: a task not run because its input failed
 
 

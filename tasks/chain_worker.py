@@ -21,6 +21,10 @@ import tempfile
 import threading
 from pathlib import Path
 
+import msgpack
+
+from kiln.driver import ChainResult, StageRecord, run_chain
+
 # a worker with several threads runs one chain at a time: sys.path and
 # sys.modules are the process's, and stages are pure Python (the GIL serializes them anyway)
 _chain_lock = threading.Lock()
@@ -30,42 +34,89 @@ _sources_digest: str | None = None
 _sources_names: set[str] = set()
 
 
-def run_chain(payload: dict) -> dict:
-    """{"outputs": [outputs per stage]} up to the first failure, or {"refused": reason}."""
-    from kiln.tasks.digest import stage_module_info
+def run_job(wire: bytes) -> bytes:
+    """Run one chain (a ``ChainJob``'s bytes); its result as bytes (``encode_result``).
 
-    for stage in payload["stages"]:
-        mine = stage_module_info(stage["module"])[0]
-        if mine != stage["code"]:
-            theirs = stage["code"]
-            return {"refused": f"stage {stage['module']}: digest {mine}, the client {theirs}"}
-    with _chain_lock:
-        root = _use_sources(payload["sources"]) if "sources" in payload else None
-        return {"outputs": _run_stages(payload, _work_dir(), root)}
-
-
-def run_chains(batch: dict) -> list[dict]:
-    """``run_chain`` for each chain of a batch, in order; one result per chain.
-
-    A batch names each distinct source tree once (``sources``) and its
-    chains point at theirs by index (``sources_index``): the instances of
-    one kernel file share the bytes instead of carrying a copy each.
+    A worker whose stage code differs from the client's refuses the chain;
+    a chain that fails is answered ``failed``: its client builds it again
+    locally and reports exactly as a local build does.
     """
-    from kiln.tasks.workers import make_full_collections_rare
+    from kiln.tasks.digest import stage_module_info
+    from kiln.tasks.instance_spec import ChainJob
 
-    make_full_collections_rare()  # a long-lived Dask worker: see tasks/workers.py
-    results = []
-    for payload in batch["chains"]:
-        index = payload.get("sources_index")
-        if index is not None:
-            payload = {**payload, "sources": batch["sources"][index]}
+    job = ChainJob.from_wire(wire)
+    if job.sources:
+        for stage in job.chain.stages:
+            mine = stage_module_info(stage.module)[0]
+            if mine != stage.code:
+                return msgpack.packb(
+                    {"refused": f"stage {stage.module}: digest {mine}, the client {stage.code}"}
+                )
+    with _chain_lock:
         try:
-            results.append(run_chain(payload))
+            if job.sources:
+                _use_sources(dict(job.sources))
+                result = run_chain(job.chain, dict(job.digests))
+            else:
+                from kiln.tasks.importpath import add_project_root
+
+                add_project_root(job.root)
+                out = Path(job.out_dir)
+                known = {r.name: r for r in job.known}
+                result = run_chain(job.chain, dict(job.digests), known=known, load=_reader(out))
         except Exception:
-            # this chain alone is not built here: its client reruns it locally and
-            # reports exactly as a local build does; the rest of the batch goes on
-            results.append({"outputs": []})
-    return results
+            return msgpack.packb({"failed": True})
+    return encode_result(result)
+
+
+def _reader(out: Path):
+    def load(rel: str) -> bytes | None:
+        try:
+            return (out / rel).read_bytes()
+        except OSError:
+            return None
+
+    return load
+
+
+def encode_result(result: ChainResult) -> bytes:
+    return msgpack.packb(
+        {
+            "records": [[r.name, r.key, r.digest, list(r.files)] for r in result.records],
+            "files": result.files,
+            "artifacts": sorted(result.artifacts),
+            "ran": result.ran,
+            "spans": [list(s) for s in result.spans],
+            "graph": result.graph_digest,
+            "pid": os.getpid(),
+        },
+        use_bin_type=True,
+    )
+
+
+def decode_result(data: bytes) -> tuple[ChainResult | None, int, str | None]:
+    """(result, worker pid, refusal): result None when the chain failed or was refused."""
+    d = msgpack.unpackb(data, raw=False)
+    if "refused" in d:
+        return None, 0, d["refused"]
+    if "failed" in d:
+        return None, 0, None
+    result = ChainResult(
+        records=[StageRecord(n, k, g, tuple(f)) for n, k, g, f in d["records"]],
+        files=dict(d["files"]),
+        artifacts=set(d["artifacts"]),
+        ran=list(d["ran"]),
+        spans=[(n, a, b) for n, a, b in d["spans"]],
+        graph_digest=d["graph"],
+    )
+    return result, int(d["pid"]), None
+
+
+def pool_worker_setup() -> None:
+    """A pool worker ignores Ctrl-C: the build handles it and shuts the pool down."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def dask_setup(worker) -> None:
@@ -96,83 +147,6 @@ def warm_up(modules: list[str]) -> None:
             importlib.import_module(name)
         except Exception:  # the task that needs it reports the failure
             pass
-
-
-def _run_stages(payload: dict, work: Path, root: Path | None) -> list[dict[str, bytes]]:
-    from kiln.tasks.cached_outputs import SIDE, portable
-
-    from kiln.options import build_options
-
-    machine = payload["machine"]
-    outputs: list[bytes] = []
-    previous_module = payload.get("input_module")
-    data = payload.get("input")
-    handed_on = None  # the previous stage's IR, when it may skip its bytes (EXACT_ROUND_TRIP)
-    graph_sha = payload.get("graph_sha256")
-    for index, stage in enumerate(payload["stages"]):
-        module = importlib.import_module(stage["module"])
-        try:
-            options = build_options(module.Options, stage["options"], stage["stage"])
-            if index == 0 and "trace" in payload:
-                from kiln.stages.trace import TraceRequest
-
-                t = payload["trace"]
-                ir_in = TraceRequest(
-                    module=t["module"],
-                    function=t["function"],
-                    bindings=tuple((k, int(v)) for k, v in t["bindings"]),
-                    dtypes=tuple((k, v) for k, v in t["dtypes"]),
-                    default_dtype=t["default_dtype"],
-                )
-            elif handed_on is not None:
-                # decoding what the stage before just serialized was a quarter of a chain
-                ir_in = handed_on
-            else:
-                ir_in = _take_input(importlib.import_module(previous_module), data, work, index)
-            if hasattr(module, "run_with_side_artifacts"):
-                ir_out, side = module.run_with_side_artifacts(ir_in, options, machine)
-            else:
-                ir_out, side = module.run(ir_in, options, machine), {}
-            if stage["build"] is not None and hasattr(ir_out, "with_metadata"):
-                build = stage["build"]
-                ir_out = ir_out.with_metadata(
-                    {
-                        "source": {"kernel": build["kernel"], "shapes": build["shapes"]},
-                        "hashes": {
-                            "source_graph_sha256": graph_sha,
-                            "compiler_sha256": build["compiler"],
-                        },
-                    }
-                )
-            module.verify(ir_out, machine)
-            data = module.serialize(ir_out)
-            handed_on = ir_out if getattr(module, "EXACT_ROUND_TRIP", False) is True else None
-        except Exception:
-            # the failing stage reruns on the client and reports exactly as a local build does
-            break
-        if index == 0 and "trace" in payload:
-            graph_sha = hashlib.sha256(data).hexdigest()
-        found = {"artifact": data}
-        for name, side_data in side.items():
-            found[SIDE + name] = portable(side_data, str(root or work))
-        outputs.append(found)
-        previous_module = stage["module"]
-    return outputs
-
-
-def _take_input(module, data: bytes, work: Path, index: int):
-    """The previous stage's IR from its output bytes: ``decode`` where the stage has one.
-
-    Written to a file and read back otherwise (``read`` is the protocol every
-    stage has); on a disk that discards freed blocks that write was a third
-    of a worker's time on a chain.
-    """
-    decode = getattr(module, "decode", None)
-    if decode is not None:
-        return decode(data)
-    path = work / f"input-{index}"
-    path.write_bytes(data)
-    return module.read(path)
 
 
 def _use_sources(sources: dict[str, bytes]) -> Path:
@@ -221,17 +195,6 @@ def _scratch() -> Path:
         _scratch_dir = Path(tempfile.mkdtemp(prefix="kiln-sources-"))
         atexit.register(shutil.rmtree, _scratch_dir, True)
     return _scratch_dir
-
-
-def _work_dir() -> Path:
-    """Where a chain's stages read their inputs from: one per process, files overwritten.
-
-    A fresh temporary directory per chain, made and deleted again, was an
-    eighth of a worker's time on a chain.
-    """
-    work = _scratch() / "chain"
-    work.mkdir(exist_ok=True)
-    return work
 
 
 def _drop_modules(tops: set[str]) -> None:

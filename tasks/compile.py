@@ -1,27 +1,34 @@
-"""The compile DAG: one doit task per kernel instance and row of ``stages:``.
+"""The compile DAG: one doit task per kernel instance, running its whole stage chain.
 
-Task ``compile:<kernel>.<shapes>.<stage>`` reads the previous stage's
-artifact (the trace stage reads the kernel's source files), writes its own
-artifact only when the bytes change (early cutoff), and re-runs when its
-config changes (options, machine, Kiln version, stage source): the config
-is a stamp file among its file_deps (see tasks/digest.py).
+Task ``compile:<kernel>.<shapes>`` depends on the kernel's source files
+and on one config stamp (every stage's resolved options and code digest,
+the machine model, Kiln's version, the trace request, the dumps asked for,
+the instance's own tuning record: see tasks/digest.py); its targets are
+every artifact and dump the chain writes. Early cutoff happens inside the
+chain (kiln/driver.py): an edit that leaves the traced graph unchanged
+stops after the trace and rewrites nothing.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 
+from kiln.tasks import ahead
+from kiln.tasks.chain_action import build_instance
 from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
-from kiln.tasks.executor import resolve_executor
+from kiln.tasks.instance_spec import InstanceSpec
 from kiln.tasks.manifest import clean_targets, drop_damaged
-from kiln.tasks.prefetch import ChainPlan
+from kiln.tasks.options_check import check_stage_options
 from kiln.tasks.project import KernelInstance, Project
 from kiln.tasks.tuning_key import TuningKeys
+from kiln.tasks.workers import guard_worker
 
 import kiln
-from kiln.cache.config import resolve_cache_config
-from kiln.tune.apply import TUNED_STAGES
+from kiln.cache.action import toolchain
+from kiln.cache.config import CacheConfig, resolve_cache_config
+from kiln.driver import BuildInfo, ChainSpec, StageSpec, TraceSpec, Tuning, canonical_json
 
 # dump kind -> (stage name that owns it, path inside the instance's out dir)
 DUMP_FILES = {
@@ -40,14 +47,14 @@ def artifact_name(stage_module: str) -> str:
 
 
 def instance_dumps(project: Project, inst: KernelInstance) -> dict[str, list[tuple[str, str]]]:
-    """stage name -> [(dump kind, path)] asked for by the pipeline's ``dumps:``."""
+    """stage name -> [(dump kind, path in the out dir)] asked for by the pipeline's ``dumps:``."""
     wanted: dict[str, list[tuple[str, str]]] = {}
     for dump in project.pipeline.dumps:
         if dump.kernels and inst.kernel not in dump.kernels:
             continue
         for kind in dump.kinds:
             stage, rel = DUMP_FILES[kind]
-            wanted.setdefault(stage, []).append((kind, f"{inst.out_dir}/{rel}"))
+            wanted.setdefault(stage, []).append((kind, rel))
     return wanted
 
 
@@ -56,128 +63,139 @@ def stage_artifact(inst: KernelInstance, stage_module: str) -> str:
 
 
 def compile_tasks(project: Project, instances: list[KernelInstance] | None = None):
-    """Yield the doit task dicts of the compile DAG.
+    """Yield the doit task dicts of the compile DAG: one per kernel instance.
 
     Runs on every build, no-op ones included: everything that does not
-    depend on the instance is computed once per stage, not once per task.
+    depend on the instance is computed once per stage or kernel, not per task.
     """
     pipeline = project.pipeline
+    check_stage_options(project)  # one error at its line, before anything builds
     root, pipeline_path = str(project.root), str(project.pipeline_path)
-    stages = []
-    for index, stage in enumerate(pipeline.stages):
-        digest, artifact = stage_module_info(stage.module)
-        stages.append(
-            (index, stage, artifact, {"version": kiln.__version__, "stage_source": digest})
-        )
-    machines: dict[str | None, tuple[dict | None, str]] = {}
-    compiler_digest = digest_json([kiln.__version__, *(p["stage_source"] for *_, p in stages)])
-    first_artifact = stages[0][2]
-    options_memo: dict[tuple[str | None, str], tuple[dict, str]] = {}
+    rows = [(i, s, *stage_module_info(s.module)) for i, s in enumerate(pipeline.stages)]
+    compiler = digest_json([kiln.__version__, *(code for *_, code, _ in rows)])
+    tools = canonical_json(toolchain())
     stamps = ConfigStamps(project.state_dir / "config")
-    cache = resolve_cache_config(pipeline.cache_settings).to_dict()
-    executor = resolve_executor(pipeline.executor, project.root)
+    settings = resolve_cache_config(pipeline.cache_settings)
+    cache = CacheConfig(**settings.to_dict()) if settings.enabled else None
     tuning_file = str(project.root / pipeline.tuning_file)
-    tuning_keys = TuningKeys(project) if os.path.isfile(tuning_file) else None
-    if tuning_keys is None and os.path.lexists(tuning_file):
-        # a directory (or a dangling link) where the records go: kiln tune reports it,
-        # and a build must not quietly drop the tuned options either
-        from kiln.tune.records import read_records
-
-        read_records(tuning_file)  # raises the error naming the file
+    tuning = _TuningLookup(project, tuning_file)
     chosen = list(instances if instances is not None else project.instances)
-    fetch_ahead = cache.get("enabled") and cache.get("remote") and cache.get("prefetch_threads")
-    plan = ChainPlan() if fetch_ahead else None
     # one pass over what earlier builds wrote: a damaged artifact is removed, so it rebuilds
     drop_damaged([str(inst.out_dir) for inst in chosen], str(project.state_dir))
     out_root, state = str(project.out_dir), str(project.state_dir)
+    per_kernel: dict[str, tuple] = {}
+    specs: dict[str, InstanceSpec] = {}
     for inst in chosen:
-        sources = project.discovery.source_files(inst.source.module)
+        if inst.kernel not in per_kernel:
+            per_kernel[inst.kernel] = _kernel_parts(project, inst.kernel, rows)
+        stage_rows, machine, parts = per_kernel[inst.kernel]
         dumps = instance_dumps(project, inst) if pipeline.dumps else {}
-        kernel_spec = pipeline.kernel(inst.kernel)
-        own = inst.kernel if kernel_spec.options else None
-        if kernel_spec.machine not in machines:
-            model = project.kernel_machine(inst.kernel)
-            machines[kernel_spec.machine] = (model, digest_json(model))
-        machine, machine_digest = machines[kernel_spec.machine]
+        stages = tuple(
+            StageSpec(
+                name=stage.name,
+                module=stage.module,
+                options=options,
+                code=code,
+                artifact=artifact,
+                dumps=tuple(dumps.get(stage.name, ())),
+            )
+            for (stage, options, code, artifact) in stage_rows
+        )
+        dtype, dtypes = project.trace_dtypes(inst.kernel)
+        trace = TraceSpec(
+            module=inst.source.module,
+            function=inst.source.name,
+            bindings=tuple((k, int(v)) for k, v in inst.bindings),
+            dtypes=tuple(sorted(dtypes.items())),
+            default_dtype=dtype,
+        )
+        tuned = tuning.record(inst)
+        chain = ChainSpec(
+            instance=inst.name,
+            trace=trace,
+            stages=stages,
+            machine=machine,
+            build=BuildInfo(kernel=inst.source.path, shapes=inst.shape_set, compiler=compiler),
+            tuning=tuned,
+            tools=tools,
+        )
+        inst_parts = dict(parts, kernel=digest_json(trace_fields(trace)))
+        if dumps:
+            inst_parts["dumps"] = digest_json(sorted(dumps.items()))
+        if tuned is not None:
+            inst_parts["tuning"] = digest_json([tuned.graph, tuned.knobs])
         out_dir = str(inst.out_dir)
-        previous: str | None = None
-        previous_module: str | None = None
-        chain: list[dict] = []
-        tuning = None
-        if tuning_keys is not None:
-            graph = f"{out_dir}/{first_artifact}"
-            tuning = {"file": tuning_file, "graph": graph, "key": tuning_keys.parts(inst)}
-        for index, stage, artifact_file, base_parts in stages:
-            memo_key = (own, stage.name)
-            if memo_key not in options_memo:
-                options = pipeline.stage_options(inst.kernel, stage.name)
-                options_memo[memo_key] = (options, digest_json(options))
-            options, options_digest = options_memo[memo_key]
-            artifact = f"{out_dir}/{artifact_file}"
-            stage_dumps = dumps.get(stage.name, [])
-            spec = {
-                "root": root,
-                "pipeline": pipeline_path,
-                "instance": inst.name,
-                "stage": stage.name,
-                "stage_index": index,
-                "module": stage.module,
-                "options": options,
-                "machine": machine,
-                "artifact": artifact,
-                "dumps": stage_dumps,
-                "cache": cache,
-            }
-            if executor is not None:
-                spec["executor"] = executor
-            if index == len(stages) - 1:
-                # what the binary records about its own making (see tasks/actions.py)
-                spec["build"] = {
-                    "graph": f"{out_dir}/{first_artifact}",
-                    "kernel": inst.source.path,
-                    "shapes": inst.shape_set,
-                    "compiler": compiler_digest,
-                }
-            parts = dict(base_parts, options=options_digest, machine=machine_digest)
-            if stage_dumps:
-                parts["dumps"] = digest_json(stage_dumps)
-            if previous is None:
-                dtype, dtypes = project.trace_dtypes(inst.kernel)
-                spec["trace"] = {
-                    "module": inst.source.module,
-                    "function": inst.source.name,
-                    "bindings": list(inst.bindings),
-                    "dtypes": sorted(dtypes.items()),
-                    "default_dtype": dtype,
-                }
-                parts["kernel"] = digest_json(spec["trace"])
-                spec["sources"] = list(sources)
-                if plan is not None:
-                    spec["prefetch"] = plan  # see tasks/prefetch.py
-                    plan.chains.append(chain)
-                file_dep = [*sources, stamps.path(stage.name, parts)]
-            else:
-                spec["input"] = previous
-                spec["input_module"] = previous_module
-                file_dep = [previous, stamps.path(stage.name, parts)]
-            chain.append(spec)
-            # the stages from this one on: one remote task on Dask, and one walk through
-            # the cache when this stage's outputs are fetched (tasks/cached.py)
-            spec["chain"] = chain
-            if tuning is not None and stage.name in TUNED_STAGES:
-                spec["tuning"] = tuning  # looked up in the action: see kiln/tune/apply.py
-                file_dep.append(tuning_file)
-            yield {
-                "basename": "compile",
-                "name": f"{inst.name}.{stage.name}",
-                "actions": [(_run_stage, [spec])],
-                "file_dep": file_dep,
-                "targets": [artifact, *(path for _, path in stage_dumps)],
-                "clean": [
-                    (_clean, [out_dir, [artifact, *(p for _, p in stage_dumps)], out_root, state])
-                ],
-            }
-            previous, previous_module = artifact, stage.module
+        spec = InstanceSpec(
+            chain=chain,
+            root=root,
+            pipeline=pipeline_path,
+            out_dir=out_dir,
+            state_dir=state,
+            sources=tuple(project.discovery.source_files(inst.source.module)),
+            cache=cache,
+            stage_rows=tuple(i for i, *_ in rows),
+        )
+        name = f"compile:{inst.name}"
+        specs[name] = spec
+        targets = [f"{out_dir}/{path}" for path in chain.files()]
+        yield {
+            "basename": "compile",
+            "name": inst.name,
+            "actions": [(_build, [spec])],
+            "file_dep": [*spec.sources, stamps.path("chain", inst_parts)],
+            "targets": targets,
+            "clean": [(_clean, [out_dir, targets, out_root, state])],
+        }
+    ahead.register(specs)
+
+
+def trace_fields(trace: TraceSpec) -> list:
+    return [trace.module, trace.function, trace.bindings, trace.dtypes, trace.default_dtype]
+
+
+def _kernel_parts(project: Project, kernel: str, rows) -> tuple:
+    """A kernel's stages with resolved options, its machine, and its stamp parts."""
+    pipeline = project.pipeline
+    machine = canonical_json(project.kernel_machine(kernel))
+    parts = {"version": kiln.__version__, "machine": digest_json(json.loads(machine))}
+    stage_rows = []
+    for _, stage, code, artifact in rows:
+        options = canonical_json(pipeline.stage_options(kernel, stage.name))
+        stage_rows.append((stage, options, code, artifact))
+        parts[f"options.{stage.name}"] = digest_json(options)
+        parts[f"stage_source.{stage.name}"] = code
+    return stage_rows, machine, parts
+
+
+class _TuningLookup:
+    """The tuning record of each instance that still matches everything but the graph."""
+
+    def __init__(self, project: Project, path: str):
+        self.records = None
+        if os.path.isfile(path):
+            from kiln.tune.records import cached_records
+
+            self.records = cached_records(path)
+            self.keys = TuningKeys(project)
+        elif os.path.lexists(path):
+            # a directory (or a dangling link) where the records go: kiln tune reports it,
+            # and a build must not quietly drop the tuned options either
+            from kiln.tune.records import read_records
+
+            read_records(path)  # raises the error naming the file
+
+    def record(self, inst: KernelInstance) -> Tuning | None:
+        if not self.records:
+            return None
+        record = self.records.get(inst.name)
+        if record is None:
+            return None
+        from kiln.tune.records import TuningKey
+
+        key = TuningKey(graph=record.graph, **self.keys.parts(inst))
+        if not key.matches(record):
+            return None  # stale: `kiln status` says so; never applied
+        return Tuning(graph=record.graph, knobs=canonical_json(record.knobs))
 
 
 def _clean(
@@ -187,24 +205,19 @@ def _clean(
     clean_targets(directory, targets, out_root, state_dir, dryrun=dryrun)
 
 
-def _run_stage(spec: dict):
-    # Imported here so that loading tasks never imports numpy or the stages.
-    from kiln.tasks.actions import run_stage
-    from kiln.tasks.workers import guard_worker
-
-    guard_worker()  # an -n worker exits when its build dies
-
-    return run_stage(spec)
+def _build(spec: InstanceSpec):
+    guard_worker()  # a plain `doit -n` worker exits when its build dies
+    return build_instance(spec)
 
 
-def stage_spec(task) -> dict | None:
-    """The spec a compile task's stage action runs with; None for any other task."""
+def instance_spec(task) -> InstanceSpec | None:
+    """The spec a compile task's action runs with; None for any other task."""
     actions = task.actions
-    if len(actions) == 1 and getattr(actions[0], "py_callable", None) is _run_stage:
+    if len(actions) == 1 and getattr(actions[0], "py_callable", None) is _build:
         return actions[0].args[0]
     return None
 
 
 # doit reads an action's signature on every call (to offer it targets, changed, ...):
 # given once, it is not worked out again for each of a build's thousands of tasks
-_run_stage.__signature__ = inspect.signature(_run_stage)
+_build.__signature__ = inspect.signature(_build)

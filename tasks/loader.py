@@ -10,8 +10,7 @@ from pathlib import Path
 
 from doit.cmd_base import TaskLoader2
 from doit.loader import generate_tasks
-from kiln.tasks.ahead_runner import use_ahead_runner
-from kiln.tasks.chains_ahead import begin_task, end_chains_ahead
+from kiln.tasks import ahead
 from kiln.tasks.compile import compile_tasks
 from kiln.tasks.lock import acquire
 from kiln.tasks.project import Project
@@ -80,13 +79,11 @@ def doit_command(argv: list[str]) -> str | None:
 def lock_for_command(project: Project, argv: list[str], *, wait: bool | None = None) -> bool:
     """Take the project lock when ``argv`` runs or changes tasks; True if taken.
 
-    Such a command may also start `-n` workers: they are prepared here too.
+    Such a command may also start plain doit's `-n` workers: prepared here too.
     """
     if doit_command(argv) not in LOCKING_COMMANDS:
         return False
-    prepare_workers(worker_modules(project))
-    # doit's plain runner (no -n): with the dask executor, chains start ahead of their tasks
-    use_ahead_runner(begin_task, end_chains_ahead)
+    prepare_workers([stage.module for stage in project.pipeline.stages])
     acquire(project.state_dir, wait=wait)
     return True
 
@@ -146,6 +143,7 @@ class KilnLoader(TaskLoader2):
             tasks = []
             for basename, gen in all_task_dicts(self.project, self._instances, self._groups):
                 tasks.extend(generate_tasks(basename, gen, group_doc(basename, self.project)))
+        ahead.register_tasks(tasks)  # chains are sent ahead only for tasks doit finds stale
         log.info("loaded %d tasks from %s", len(tasks), self.project.pipeline_path)
         return tasks
 
@@ -213,11 +211,6 @@ def exit_on_user_error():
         else:
             print(abort.error.render(), file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-
-
-def worker_modules(project: Project) -> list[str]:
-    """What a worker imports to run tasks: the parent imports it before forking them."""
-    return ["kiln.tasks.actions", *(stage.module for stage in project.pipeline.stages)]
 
 
 def _reporter_class(project: Project):

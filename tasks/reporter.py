@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from kiln.tasks.actions import DIAGNOSTIC_MARK
+from kiln.tasks.task_failure import DIAGNOSTIC_MARK
 
 from kiln.interrupts import interrupted
 from kiln.logconfig import verbosity
@@ -97,8 +97,8 @@ class KilnReporter:
         # the build profile and failures `kiln view` shows (see tasks/results.py)
         self.state_dir = self.results_dir
         self.started: dict[str, float] = {}
-        self.workers: dict[str, int] = {}  # task -> the `-n` worker that ran it
-        self.ended: dict[str, float] = {}  # task -> when its `-n` worker finished it
+        self.lanes: dict[int, int] = {}  # pid of a worker process -> its lane in the profile
+        self.ended: dict[str, float] = {}  # task -> when it finished
         self.records: list[dict] = []
 
     # -- doit hooks -------------------------------------------------------
@@ -129,15 +129,6 @@ class KilnReporter:
 
     def execute_task(self, task):
         self._started(task, time.time())
-
-    def task_ran(self, task, started: float, ended: float, worker: int) -> None:
-        """An `-n` worker ran ``task`` from ``started`` to ``ended`` (before its outcome)."""
-        self.ended[task.name] = ended
-        self.workers[task.name] = worker
-        if task.name in self.started:  # run in the build process: its start was reported
-            self.started[task.name] = started
-        else:
-            self._started(task, started)
 
     def _started(self, task, at: float) -> None:
         if task.subtask_of is None and task.has_subtask:
@@ -280,8 +271,16 @@ class KilnReporter:
         }
         if diagnostic is not None:
             record["diagnostic"] = diagnostic
-        if task.name in self.workers:
-            record["worker"] = self.workers.pop(task.name)
+        values = task.values if isinstance(task.values, dict) else {}
+        spans = values.get("spans")
+        if outcome == "ran" and spans:
+            # the chain's own stage spans, from whichever process ran it (task.values is
+            # the one channel that survives doit's process runner)
+            record["start"], record["end"] = spans[0][1], spans[-1][2]
+            record["stages"] = spans
+        pid = values.get("pid")
+        if pid and pid != os.getpid():
+            record["worker"] = self.lanes.setdefault(pid, len(self.lanes) + 1)
         self.records.append(record)
 
     def _save_results(self) -> None:

@@ -53,12 +53,11 @@ def instance_results(out_dir: Path, prefix: str) -> dict[str, dict]:
 
 
 def task_instance(task_name: str) -> tuple[str, str] | None:
-    """``compile:gemm.small.visa`` -> (``gemm.small``, ``visa``); None for other tasks."""
+    """``compile:gemm.small`` -> (``gemm.small``, ``compile``); None for other tasks."""
     kind, _, rest = task_name.partition(":")
     if kind != "compile" or "." not in rest:
         return None
-    inst, _, stage = rest.rpartition(".")
-    return inst, stage
+    return rest, kind
 
 
 def update_failures(state_dir: Path, failed: dict[str, dict], succeeded: set[str]) -> None:

@@ -25,7 +25,7 @@ def default_targets(project: Project) -> list[str]:
 
     Every non-cpu target pipeline.yaml declares; with none declared, the
     built-in ``sim``, so that the built-in iree targets do not make a
-    minimal project's tests need kiln[iree] and a GPU.
+    minimal project's tests need kiln-kernels[iree] and a GPU.
     """
     pipeline = project.pipeline
     checked = [t.name for t in pipeline.targets if t.runner != ORACLE]
@@ -313,7 +313,7 @@ def _test_action(pipeline: str, instance: str, target: str, report_path: str):
     try:
         (report,) = check_instance(project, inst, [target])
     except KilnError as err:
-        from kiln.tasks.actions import failure
+        from kiln.tasks.task_failure import failure
 
         return failure(err)
     print(format_report(report))

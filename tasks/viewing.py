@@ -74,7 +74,7 @@ def _inputs_unchanged(task, values, pipeline: str, names: list[str]) -> bool:
 
 def _write(pipeline: str, names: list[str], out: str):
     """Write the report; a problem comes back as the diagnostic `kiln view` prints, no traceback."""
-    from kiln.tasks.actions import failure
+    from kiln.tasks.task_failure import failure
 
     from kiln.errors import KilnError, environment_error
     from kiln.report.page import write_report

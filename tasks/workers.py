@@ -1,7 +1,7 @@
 """The worker processes of an `-n N` build: start method, shared imports, no orphans.
 
-An `-n N` build runs tasks in the build process and in N - 1
-multiprocessing workers (tasks/queue_ahead.py). Loading tasks imports
+Plain ``doit -n N`` runs tasks in doit's own process runner; ``kiln compile
+-n N`` runs chains on a process pool (tasks/pool.py). Loading tasks imports
 nothing heavy (a no-op build stays fast), so without help every worker
 would import numpy, ml_dtypes and the stages on its first task, once per
 worker: for a short build that is most of the work. Instead the parent
@@ -10,8 +10,7 @@ build with work to do forks), and forked workers share them; under the
 forkserver start method the server preloads them.
 
 ``KILN_MP_START=fork|spawn|forkserver`` picks the start method (default:
-Python's). Workers take their tasks from a pipe kept a few jobs ahead.
-Workers exit when the build that started them dies, so a
+Python's). Workers exit when the build that started them dies, so a
 killed build leaves no process behind (and none holding the project lock).
 """
 
@@ -27,8 +26,6 @@ import signal
 import sys
 import threading
 from collections.abc import Iterable
-
-from kiln.tasks.queue_ahead import use_queue_ahead_runner
 
 from kiln.errors import KilnError
 
@@ -51,7 +48,6 @@ def prepare_workers(modules: Iterable[str]) -> None:
                 found=method,
             )
         multiprocessing.set_start_method(method, force=True)
-    use_queue_ahead_runner()
     make_full_collections_rare()  # forked workers inherit it
     skip_final_collection()
     _preload[:] = list(dict.fromkeys(modules))

@@ -44,6 +44,11 @@ RACY_NS = 2_000_000_000
 # artifacts "side/<file name>" written next to it.
 PRIMARY_OUTPUTS = ("artifact", "report", "vmfb")
 SIDE_PREFIX = "side/"
+# A whole stage chain's entry (tasks/chain_action.py): its stages' records, and its files
+# "file/<path inside the instance's out dir>", a few plain components deep
+CHAIN_RECORD = "record"
+FILE_PREFIX = "file/"
+MAX_FILE_DEPTH = 4
 # A file holding a blob's very bytes: (path, (size, mtime_ns, inode) as it was read or written)
 FileSource = tuple[str, tuple[int, int, int]]
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -374,6 +379,8 @@ def parse_action_entry(raw: bytes) -> dict[str, str] | None:
     for name, digest in outputs.items():
         if not (isinstance(digest, str) and _DIGEST.fullmatch(digest) and _output_name_ok(name)):
             return None
+    if CHAIN_RECORD in outputs:
+        return outputs if all(_is_chain_output(name) for name in outputs) else None
     primary = [name for name in outputs if name in PRIMARY_OUTPUTS]
     side = len(outputs) - len(primary)
     if len(primary) != 1 or (side and primary[0] != "artifact"):
@@ -386,8 +393,19 @@ def is_digest(text: object) -> bool:
     return isinstance(text, str) and _DIGEST.fullmatch(text) is not None
 
 
+def _is_chain_output(name: str) -> bool:
+    if name == CHAIN_RECORD:
+        return True
+    if not name.startswith(FILE_PREFIX):
+        return False
+    parts = name[len(FILE_PREFIX) :].split("/")
+    return len(parts) <= MAX_FILE_DEPTH and all(
+        p not in (".", "..") and _PLAIN_FILE.fullmatch(p) is not None for p in parts
+    )
+
+
 def _output_name_ok(name: str) -> bool:
-    if name in PRIMARY_OUTPUTS:
+    if name in PRIMARY_OUTPUTS or _is_chain_output(name):
         return True
     if not name.startswith(SIDE_PREFIX):
         return False

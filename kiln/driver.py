@@ -1,0 +1,443 @@
+"""The compiler driver: a kernel instance's stage chain, run by one function.
+
+``run_chain`` is the only place that runs stages. A build action, a pool or
+Dask worker, a ``kiln tune`` trial, ``kiln bench problem:`` and the
+benchmarks all call it with a ``ChainSpec``: plain, frozen data that says
+which kernel to trace at which sizes, which stages to run with which
+resolved options, on which machine. It returns every file the chain makes
+(artifacts, side artifacts, dumps) as bytes, keyed by their path inside the
+instance's out dir; writing them is the caller's business.
+
+Early cutoff lives here: each stage has a content key (its input's digest,
+options, machine, code digest, toolchain). Given the keys and output
+digests of the last run (``known``) and a way to read the files that run
+left (``load``), a stage whose key is unchanged is not run again, and the
+next stage reads its input from that file only if it has to run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from kiln.cache.action import action_key
+from kiln.errors import KilnError
+from kiln.options import build_options
+
+# What a stage module may declare in CAPABILITIES (instead of being probed):
+SIDE_ARTIFACTS = (
+    "side_artifacts"  # run_with_side_artifacts(ir, options, machine) -> (ir, {name: bytes})
+)
+METADATA = "metadata"  # its IR has with_metadata(dict): the binary records its own making
+DECODE = "decode"  # decode(bytes) -> IR, without a file
+EXACT_ROUND_TRIP = "exact_round_trip"  # decode(serialize(ir)) is ``ir``: hand ``ir`` on as it is
+
+
+def canonical_json(value: Any) -> str:
+    """The one JSON text of ``value`` (sorted keys, no spaces): what keys are made of."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSpec:
+    """Which @device function to trace, at which sizes and dtypes."""
+
+    module: str
+    function: str
+    bindings: tuple[tuple[str, int], ...]
+    dtypes: tuple[tuple[str, str], ...] = ()
+    default_dtype: str = "f32"
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    """One row of ``stages:`` for one instance: options resolved, code fingerprinted."""
+
+    name: str
+    module: str
+    options: str  # canonical JSON of the stage's options (pipeline.yaml's, kernel overrides)
+    code: str  # digest of the stage module and the Kiln code it imports
+    artifact: str  # the file it writes, inside the instance's out dir
+    dumps: tuple[tuple[str, str], ...] = ()  # (dump kind, path inside the instance's out dir)
+
+
+@dataclass(frozen=True, slots=True)
+class BuildInfo:
+    """What the binary records about its own making (the last stage's metadata)."""
+
+    kernel: str  # the kernel's source file, as the project names it
+    shapes: str
+    compiler: str  # digest of every stage's code
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """A tuning record for this instance: its knobs apply when the traced graph matches."""
+
+    graph: str  # sha256 of the graph the record was found for
+    knobs: str  # canonical JSON: stage name -> {option: value}
+
+
+@dataclass(frozen=True, slots=True)
+class ChainSpec:
+    """A kernel instance's whole compile: the unit a build task, worker or tuner runs."""
+
+    instance: str
+    trace: TraceSpec
+    stages: tuple[StageSpec, ...]
+    machine: str  # canonical JSON of the machine model
+    build: BuildInfo
+    tuning: Tuning | None = None
+    tools: str = ""  # canonical JSON of the toolchain versions that can change bytes
+
+    def key(self, sources: Mapping[str, str]) -> str:
+        """The key of the whole chain's outputs, known before anything runs."""
+        return hashlib.sha256(
+            canonical_json(
+                {"sources": dict(sources), "chain": chain_dict(self), "kind": "chain"}
+            ).encode()
+        ).hexdigest()
+
+    def files(self) -> list[str]:
+        """Every artifact and dump path the chain writes (side artifacts come with their stage)."""
+        out = []
+        for stage in self.stages:
+            out.append(stage.artifact)
+            out.extend(path for _, path in stage.dumps)
+        return out
+
+
+def chain_dict(chain: ChainSpec) -> dict:
+    """``chain`` as plain data (for keys and the one conversion to a worker's bytes)."""
+    return {
+        "instance": chain.instance,
+        "trace": {
+            "module": chain.trace.module,
+            "function": chain.trace.function,
+            "bindings": [list(b) for b in chain.trace.bindings],
+            "dtypes": [list(d) for d in chain.trace.dtypes],
+            "default_dtype": chain.trace.default_dtype,
+        },
+        "stages": [
+            {
+                "name": s.name,
+                "module": s.module,
+                "options": s.options,
+                "code": s.code,
+                "artifact": s.artifact,
+                "dumps": [list(d) for d in s.dumps],
+            }
+            for s in chain.stages
+        ],
+        "machine": chain.machine,
+        "build": {
+            "kernel": chain.build.kernel,
+            "shapes": chain.build.shapes,
+            "compiler": chain.build.compiler,
+        },
+        "tuning": None
+        if chain.tuning is None
+        else {"graph": chain.tuning.graph, "knobs": chain.tuning.knobs},
+        "tools": chain.tools,
+    }
+
+
+def chain_from_dict(d: dict) -> ChainSpec:
+    t = d["trace"]
+    return ChainSpec(
+        instance=d["instance"],
+        trace=TraceSpec(
+            module=t["module"],
+            function=t["function"],
+            bindings=tuple((str(k), int(v)) for k, v in t["bindings"]),
+            dtypes=tuple((str(k), str(v)) for k, v in t["dtypes"]),
+            default_dtype=t["default_dtype"],
+        ),
+        stages=tuple(
+            StageSpec(
+                name=s["name"],
+                module=s["module"],
+                options=s["options"],
+                code=s["code"],
+                artifact=s["artifact"],
+                dumps=tuple((str(k), str(p)) for k, p in s["dumps"]),
+            )
+            for s in d["stages"]
+        ),
+        machine=d["machine"],
+        build=BuildInfo(**d["build"]),
+        tuning=None if d["tuning"] is None else Tuning(**d["tuning"]),
+        tools=d["tools"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StageRecord:
+    """What one stage run (or kept) left: its key and its artifact's digest."""
+
+    name: str
+    key: str
+    digest: str
+    files: tuple[str, ...] = ()  # its side artifacts and dump files, beside the artifact
+
+
+@dataclass
+class ChainResult:
+    """Every file the chain made this time (path -> bytes), and each stage's record.
+
+    A stage kept by early cutoff has a record but no files here: its files
+    are the ones the last run left. ``ran``: the stages that ran, in order;
+    ``spans``: (stage, start, end) wall times, for the build profile.
+    """
+
+    records: list[StageRecord] = field(default_factory=list)
+    files: dict[str, bytes] = field(default_factory=dict)
+    artifacts: set[str] = field(default_factory=set)  # which of ``files`` are stage artifacts
+    ran: list[str] = field(default_factory=list)
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    graph_digest: str | None = None
+
+
+class StageFailed(Exception):
+    """A stage refused its input or options: ``error`` is the user-facing diagnostic."""
+
+    def __init__(self, stage: StageSpec, error: KilnError, *, options: bool = False):
+        super().__init__(error.message)
+        self.stage = stage
+        self.error = error
+        self.options = options  # the stage's options themselves were rejected
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """A stage module, with what it declares it can do."""
+
+    module: ModuleType
+    capabilities: frozenset[str]
+
+    @staticmethod
+    def load(name: str) -> Stage:
+        module = importlib.import_module(name)
+        return Stage(module, frozenset(getattr(module, "CAPABILITIES", ())))
+
+    def run(self, ir, options, machine) -> tuple[Any, dict[str, bytes]]:
+        if SIDE_ARTIFACTS in self.capabilities:
+            return self.module.run_with_side_artifacts(ir, options, machine)
+        return self.module.run(ir, options, machine), {}
+
+    def decode(self, data: bytes, path_hint: str):
+        if DECODE in self.capabilities:
+            return self.module.decode(data)
+        import os
+        import tempfile
+
+        # read(path) is the protocol every stage has; decode is the fast way
+        fd, tmp = tempfile.mkstemp(prefix="kiln-ir-", suffix=os.path.basename(path_hint))
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return self.module.read(tmp)
+        finally:
+            os.unlink(tmp)
+
+
+def stage_key(
+    stage: StageSpec, chain: ChainSpec, inputs: Mapping[str, str], options: str, graph: str | None
+) -> str:
+    """The content key of one stage: what decides its output bytes, never a path."""
+    extra: dict[str, Any] = {"stage": stage.name}
+    if stage is chain.stages[0]:
+        extra["trace"] = chain_dict(chain)["trace"]
+    if stage is chain.stages[-1]:
+        extra["build"] = {
+            "kernel": chain.build.kernel,
+            "shapes": chain.build.shapes,
+            "compiler": chain.build.compiler,
+            "graph_sha256": graph,
+        }
+    if stage.dumps:
+        extra["dumps"] = [list(d) for d in stage.dumps]
+    return action_key(
+        inputs=dict(inputs),
+        options=options,
+        machine=hashlib.sha256(chain.machine.encode()).hexdigest(),
+        code=stage.code,
+        extra=extra,
+        tools=json.loads(chain.tools) if chain.tools else None,
+    )
+
+
+def stage_options(stage: StageSpec, chain: ChainSpec, graph: str | None) -> str:
+    """The stage's options as JSON, with a matching tuning record's knobs on top."""
+    tuning = chain.tuning
+    if tuning is None or graph != tuning.graph:
+        return stage.options
+    knobs = json.loads(tuning.knobs).get(stage.name)
+    if not knobs:
+        return stage.options
+    return canonical_json({**json.loads(stage.options), **knobs})
+
+
+def run_chain(
+    chain: ChainSpec,
+    sources: Mapping[str, str],
+    *,
+    known: Mapping[str, StageRecord] | None = None,
+    load: Callable[[str], bytes | None] | None = None,
+) -> ChainResult:
+    """Run ``chain``'s stages, keeping each whose key and output are what ``known`` says.
+
+    ``sources``: the kernel's source files (path relative to the project)
+    -> sha256, the trace's inputs. ``load(path)``: the bytes of a file the
+    last run left (None if gone or changed), for a kept stage's output that a
+    later stage needs, or a kept stage's dump. Raises StageFailed.
+    """
+    known = known or {}
+    machine = json.loads(chain.machine)
+    result = ChainResult()
+    ir = None  # the previous stage's output IR, when it is in memory
+    previous: StageSpec | None = None
+    inputs: dict[str, str] = dict(sources)
+    graph: str | None = None
+    for spec in chain.stages:
+        options_json = stage_options(spec, chain, graph)
+        key = stage_key(spec, chain, inputs, options_json, graph)
+        old = known.get(spec.name)
+        digest = _kept(old, key, spec, load)
+        if digest is not None:
+            result.records.append(old)
+            ir = None
+        else:
+            stage = Stage.load(spec.module)
+            if ir is None:
+                ir = _input_ir(chain, previous, result, load)
+            started = time.time()
+            ir, data, files = _run_stage(
+                stage, spec, chain, ir, machine, options_json, graph, result
+            )
+            result.spans.append((spec.name, started, time.time()))
+            result.ran.append(spec.name)
+            digest = hashlib.sha256(data).hexdigest()
+            result.records.append(StageRecord(spec.name, key, digest, files))
+            if EXACT_ROUND_TRIP not in stage.capabilities:
+                ir = None  # the next stage decodes the bytes, as it would from the file
+        if graph is None:
+            graph = result.graph_digest = digest
+        inputs = {"input": digest}
+        previous = spec
+    return result
+
+
+def _kept(
+    old: StageRecord | None, key: str, spec: StageSpec, load: Callable[[str], bytes | None] | None
+) -> str | None:
+    """The artifact digest of a stage early cutoff keeps: same key, its files all still there."""
+    if old is None or old.key != key or load is None:
+        return None
+    if any(load(path) is None for path in old.files):
+        return None
+    data = load(spec.artifact)
+    if data is None or hashlib.sha256(data).hexdigest() != old.digest:
+        return None
+    return old.digest
+
+
+def _input_ir(
+    chain: ChainSpec,
+    previous: StageSpec | None,
+    result: ChainResult,
+    load: Callable[[str], bytes | None] | None,
+):
+    """What the next stage to run reads: the trace request, or the previous artifact's IR."""
+    from kiln.stages.trace import TraceRequest
+
+    if previous is None:
+        return TraceRequest(
+            module=chain.trace.module,
+            function=chain.trace.function,
+            bindings=chain.trace.bindings,
+            dtypes=chain.trace.dtypes,
+            default_dtype=chain.trace.default_dtype,
+        )
+    data = result.files.get(previous.artifact)
+    if data is None and load is not None:
+        data = load(previous.artifact)
+    if data is None:
+        raise KilnError(
+            f"the {previous.name} artifact of {chain.instance} disappeared during the build",
+            hint="run the build again",
+        )
+    return Stage.load(previous.module).decode(data, previous.artifact)
+
+
+def _run_stage(
+    stage: Stage,
+    spec: StageSpec,
+    chain: ChainSpec,
+    ir,
+    machine: dict,
+    options_json: str,
+    graph: str | None,
+    result: ChainResult,
+) -> tuple[Any, bytes, tuple[str, ...]]:
+    """Run, verify and serialize one stage; its files go into ``result``.
+
+    Returns its IR, its artifact's bytes and the paths of its other files.
+    """
+    module = stage.module
+    try:
+        options = build_options(module.Options, json.loads(options_json), spec.name)
+    except KilnError as err:
+        raise StageFailed(spec, err, options=True) from None
+    try:
+        out, side = stage.run(ir, options, machine)
+        if spec is chain.stages[-1] and METADATA in stage.capabilities:
+            out = out.with_metadata(
+                {
+                    "source": {"kernel": chain.build.kernel, "shapes": chain.build.shapes},
+                    "hashes": {
+                        "source_graph_sha256": graph,
+                        "compiler_sha256": chain.build.compiler,
+                    },
+                }
+            )
+        module.verify(out, machine)
+        data = module.serialize(out)
+        files = dict(_dumps(module, spec, out, machine))
+    except KilnError as err:
+        raise StageFailed(spec, err) from None
+    directory = spec.artifact.rpartition("/")[0]
+    for name, side_data in side.items():
+        files[f"{directory}/{name}" if directory else name] = side_data
+    result.files[spec.artifact] = data
+    result.artifacts.add(spec.artifact)
+    result.files.update(files)
+    return out, data, tuple(sorted(files))
+
+
+def _dumps(module, spec: StageSpec, out, machine: dict) -> dict[str, bytes]:
+    """The stage's dumps as bytes by path, written through its writers in a scratch dir."""
+    if not spec.dumps:
+        return {}
+    import tempfile
+    from pathlib import Path
+
+    found: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory(prefix="kiln-dumps-") as scratch:
+        for kind, path in spec.dumps:
+            target = Path(scratch) / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            module.DUMPS[kind](out, target, machine)
+            if target.is_dir():  # a dump may be a directory (the summary)
+                for file in sorted(target.rglob("*")):
+                    if file.is_file():
+                        found[file.relative_to(scratch).as_posix()] = file.read_bytes()
+            elif target.is_file():
+                found[path] = target.read_bytes()
+    return found

@@ -1,0 +1,51 @@
+"""``kiln compile -n N``: chains on a local process pool (concurrent.futures).
+
+A worker that dies breaks the pool (``BrokenProcessPool`` on every
+future): the build never hangs on it, and builds the rest here.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
+
+from kiln.tasks.chain_worker import pool_worker_setup, run_job
+from kiln.tasks.importpath import add_project_root
+from kiln.tasks.workers import START_METHOD_ENV, guard_worker
+
+
+def start_method() -> str:
+    """fork where the system has it (workers start with Kiln imported), else spawn.
+
+    ``KILN_MP_START`` chooses (fork, forkserver, spawn); a bad value is
+    refused before the build by the CLI.
+    """
+    wanted = os.environ.get(START_METHOD_ENV, "").strip()
+    methods = multiprocessing.get_all_start_methods()
+    if wanted in methods:
+        return wanted
+    return "fork" if "fork" in methods else "spawn"
+
+
+def _init(root: str) -> None:
+    pool_worker_setup()
+    guard_worker()  # exits when the build dies: a killed build leaves no worker behind
+    add_project_root(root)
+
+
+class PoolExecutor:
+    def __init__(self, workers: int, root: str):
+        context = multiprocessing.get_context(start_method())
+        self.pool = ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_init, initargs=(root,)
+        )
+
+    def submit(self, wire: bytes) -> Future:
+        return self.pool.submit(run_job, wire)
+
+    def wait(self, future: Future) -> bytes:
+        return future.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
