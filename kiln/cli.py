@@ -41,6 +41,9 @@ COMMANDS = {
 }
 OWN_COMMANDS = tuple(COMMANDS)
 DOIT_USAGE_ERROR = 3  # doit's exit status for a bad command line: Kiln's is 2
+# The name on the package index ("kiln" there is an unrelated project): `pip install
+# 'kiln-kernels[iree]'`; the import name and the command stay `kiln`.
+DISTRIBUTION = "kiln-kernels"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,7 +319,7 @@ def version_text() -> str:
         iree = "IREE not installed"
     return "\n".join(
         [
-            f"kiln {version('kiln') or __version__}",
+            f"kiln {version(DISTRIBUTION) or __version__}",
             f"doit {version('doit') or 'not installed'}",
             f"Python {platform.python_version()}",
             iree,

@@ -262,6 +262,12 @@ def _add_check_commands(sub) -> None:
     t.add_argument(
         "--junit", type=output_path, metavar="FILE", help="also write a JUnit XML report"
     )
+    t.add_argument(
+        "--strict",
+        action="store_true",
+        help="a vacuous check fails: an oracle output that is all zeros, constant or "
+        "non-finite for the inputs (choose them under `inputs:` in pipeline.yaml)",
+    )
     _seed(t)
     _build_flags(t)
 
@@ -273,7 +279,12 @@ def _add_check_commands(sub) -> None:
     _shapes(r)
     _seed(r)
     r.add_argument(
-        "--save-outputs", type=output_path, metavar="DIR", help="write each output as DIR/outN.npy"
+        "--save-outputs",
+        type=output_path,
+        metavar="DIR",
+        help="write each output as DIR/outN.npy, and DIR/outputs.json (each output's dtype "
+        "and shape): np.load reads every file, bf16 as its exact f32 widening; "
+        "kiln.load_outputs(DIR) returns them in their own dtypes",
     )
     _build_flags(r, fail_fast=False)
 
@@ -376,7 +387,8 @@ def _add_project_commands(sub) -> None:
         sub,
         "init",
         description="Write a new project into DIR (default: the working directory): "
-        "pipeline.yaml, a kernels package with one example kernel, a pytest test for it, "
+        "pipeline.yaml and its JSON Schema for editors (pipeline.schema.json), "
+        "a kernels package with one example kernel, a pytest test for it, "
         "dodo.py, pyproject.toml (pytest settings), .gitignore and a README. "
         "Refuses to overwrite any file.",
         epilog="example:\n  kiln init myproj && cd myproj && kiln compile && kiln test",
@@ -386,8 +398,24 @@ def _add_project_commands(sub) -> None:
     )
     n.add_argument("--name", help="the project's name (default: DIR's name)")
 
-    g = _add(sub, "config", epilog="example:\n  kiln config --json")
+    g = _add(
+        sub,
+        "config",
+        description="Show the settings in force: the pipeline file, the directories Kiln "
+        "uses (out dir, state dir, cache dir, remote cache), the project's schema copy, "
+        "pipeline.yaml merged over Kiln's built-in defaults (each entry with its origin) "
+        "and the KILN_* variables that override it.",
+        epilog="examples:\n  kiln config\n  kiln config --json\n"
+        "  kiln config --schema   (after upgrading Kiln: editors check with the new schema)",
+    )
     g.add_argument("--json", action="store_true", help="print one JSON object, for tools")
+    g.add_argument(
+        "--schema",
+        action="store_true",
+        help="write pipeline.schema.json next to pipeline.yaml (refreshed when it differs): "
+        "the JSON Schema editors check pipeline.yaml with, through its first line "
+        "`# yaml-language-server: $schema=pipeline.schema.json`",
+    )
 
     add_cache_parser(sub)
 

@@ -3,7 +3,10 @@
 Each top-level entry (a scalar setting, a kernel, a stage, a machine, a
 target, ...) says where it came from: ``pipeline.yaml:LINE`` or ``built-in
 default``. The human form is YAML that loads back to the same data, with the
-origins as comments; ``--json`` gives ``{"file", "pipeline", "origins"}``.
+origins as comments, after the file, the directories Kiln uses (out dir,
+state dir, cache dir, remote cache) and the project's schema copy; ``--json``
+gives ``{"file", "directories", "schema", "pipeline", "origins", "environment"}``.
+``--schema`` writes the project's copy of pipeline.yaml's JSON Schema.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from kiln.pipeline import KernelSpec, Pipeline
@@ -45,21 +49,129 @@ def cmd_config(args: Any) -> int:
     """Print the resolved pipeline of the current project with each entry's origin."""
     from kiln.tasks.project import Project
 
-    pipeline = Project.find().pipeline
+    if getattr(args, "schema", False):
+        return write_schema()
+    project = Project.find()
+    pipeline = project.pipeline
     data = resolved_data(pipeline)
     origins = entry_origins(pipeline, data)
     environment = environment_overrides()
+    places = directories(project)
+    schema = schema_state(Path(pipeline.path).parent)
     if getattr(args, "json", False):
         record = {
             "file": str(pipeline.path),
+            "directories": places,
+            "schema": schema,
             "pipeline": data,
             "origins": origins,
             "environment": environment,
         }
         print(json.dumps(record, indent=2))
     else:
-        sys.stdout.write(render_yaml(pipeline, data, origins))
+        text = render_yaml(pipeline, data, origins)
+        head, _, body = text.partition("\n")
+        sys.stdout.write(head + "\n" + render_places(str(pipeline.path), places, schema) + body)
         sys.stdout.write(render_environment(environment))
+    return 0
+
+
+def directories(project) -> dict[str, str | None]:
+    """Where this project's build goes: out dir, Kiln's state, the local store, the remote."""
+    from kiln.cache.config import resolve_cache_config
+    from kiln.errors import KilnError
+
+    try:
+        cache = resolve_cache_config(project.pipeline.cache_settings)
+        local, remote = cache.local_dir, cache.remote
+        if not cache.enabled:
+            local = f"{local} (off: KILN_CACHE)"
+    except KilnError as err:  # a remote this machine cannot reach: say so, show the rest
+        from kiln.cache.store import default_cache_dir
+
+        local = str(default_cache_dir() / "store")
+        remote = f"{project.pipeline.cache_settings.get('remote')} (unusable: {err.message})"
+    return {
+        "out_dir": str(project.out_dir),
+        "state_dir": str(project.state_dir),
+        "cache_dir": local,
+        "remote": remote,
+    }
+
+
+PLACE_NAMES = {
+    "out_dir": "out dir",
+    "state_dir": "state dir",
+    "cache_dir": "cache dir",
+    "remote": "remote",
+}
+
+
+def render_places(file: str, places: dict[str, str | None], schema: dict[str, str]) -> str:
+    """YAML comments: the pipeline file, the directories and the schema copy."""
+    rows = [("file", file)]
+    rows += [(PLACE_NAMES[k], v if v is not None else "none") for k, v in places.items()]
+    name = Path(schema["path"]).name
+    rows.append(("schema", SCHEMA_STATES[schema["state"]].format(name=name)))
+    width = max(len(name) for name, _ in rows) + 1
+    return "".join(f"# {name + ':':<{width}} {value}\n" for name, value in rows)
+
+
+SCHEMA_STATES = {
+    "current": "{name}, as this Kiln checks",
+    "stale": "{name} is not this Kiln's: `kiln config --schema` refreshes it",
+    "missing": "no {name} (`kiln config --schema` writes one for editors)",
+    "unreadable": "{name} cannot be read: `kiln config --schema` rewrites it",
+}
+
+
+def schema_state(root: Path) -> dict[str, str]:
+    """Whether the project's pipeline.schema.json is this Kiln's (what editors check with)."""
+    from kiln.scaffold import SCHEMA_FILE, schema_text
+
+    path = root / SCHEMA_FILE
+    try:
+        state = "current" if path.read_text(encoding="utf-8") == schema_text() else "stale"
+    except FileNotFoundError:
+        state = "missing"
+    except (OSError, UnicodeDecodeError):
+        state = "unreadable"
+    return {"path": str(path), "state": state}
+
+
+def write_schema() -> int:
+    """`kiln config --schema`: this Kiln's JSON Schema into the project, next to pipeline.yaml.
+
+    Needs only the pipeline file's place, not a valid pipeline: a file the
+    editor flags is exactly when a fresh schema helps.
+    """
+    from kiln.errors import printable, relative_path
+    from kiln.fsutil import write_bytes_atomic
+    from kiln.scaffold import SCHEMA_FILE, schema_text
+    from kiln.tasks.project import find_pipeline
+
+    pipeline_file = find_pipeline()
+    path = pipeline_file.parent / SCHEMA_FILE
+    text = schema_text()
+    shown = printable(relative_path(path))
+    try:
+        same = path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        same = False
+    if same:
+        print(f"kiln: {shown} is up to date")
+    else:
+        write_bytes_atomic(path, text.encode("utf-8"))
+        print(f"kiln: wrote {shown}")
+    try:
+        first = pipeline_file.read_text(encoding="utf-8", errors="replace").split("\n", 1)[0]
+    except OSError:
+        first = ""
+    if "$schema=" not in first:
+        print(
+            f"kiln: to let editors use it, make this the first line of {pipeline_file.name}:\n"
+            f"# yaml-language-server: $schema={SCHEMA_FILE}"
+        )
     return 0
 
 

@@ -1,7 +1,9 @@
 """`kiln init [DIR]`: a new project that compiles and tests the moment it is written.
 
 Writes pipeline.yaml (project, packages, kernels and the two targets it
-tests on; Kiln's built-in stages and machines fill in the rest), a kernels
+tests on; Kiln's built-in stages and machines fill in the rest), a copy of
+its JSON Schema that pipeline.yaml's first line points editors at (a path
+relative to the project, so it holds for anyone who clones it), a kernels
 package with one example kernel, a pytest test of it, dodo.py for plain
 `doit`, pyproject.toml (pytest settings), .gitignore and a README. It never
 overwrites a file: if any exists, nothing is written.
@@ -28,13 +30,26 @@ def cmd_init(args: argparse.Namespace) -> int:
         print(f"  {path:<{width}}  {DESCRIPTIONS[path]}")
     # "./": `cd -dash` would read the name as an option
     where = f"./{shown}" if shown.startswith("-") else shown
-    steps = ([f"cd {shlex.quote(where)}"] if shown != "." else []) + [
-        "kiln compile      build the example kernel",
-        "kiln test         check the simulator against the cpu oracle",
-        "python -m pytest  run the kernel's own test",
+    steps = [(f"cd {shlex.quote(where)}", "")] if shown != "." else []
+    steps += [
+        ("kiln compile", "build the example kernel"),
+        ("kiln test", "check the simulator against the cpu oracle"),
     ]
-    print("next:\n" + "\n".join(f"  {step}" for step in steps))
+    if not have_pytest():  # Kiln's base install has no pytest: `python -m pytest` would fail
+        steps.append(("pip install pytest", "pytest is not installed here; the next step needs it"))
+    steps.append(("python -m pytest", "run the kernel's own test"))
+    width = max(len(step) for step, _ in steps)
+    print("next:")
+    for step, why in steps:
+        print(f"  {step:<{width}}  {why}".rstrip())
     return 0
+
+
+def have_pytest() -> bool:
+    """Whether this Python can run the new project's test (pytest is not one of Kiln's needs)."""
+    import importlib.util
+
+    return importlib.util.find_spec("pytest") is not None
 
 
 def init_project(root: Path, name: str | None = None) -> list[str]:
@@ -90,7 +105,8 @@ def project_name(root: Path, name: str | None = None) -> str:
 def project_files(name: str) -> dict[str, str]:
     """Relative path -> text of every file a new project gets."""
     return {
-        "pipeline.yaml": PIPELINE.format(schema=schema_reference(), name=yaml_string(name)),
+        "pipeline.yaml": PIPELINE.format(schema=SCHEMA_FILE, name=yaml_string(name)),
+        SCHEMA_FILE: schema_text(),
         "kernels/__init__.py": KERNELS_INIT,
         "kernels/example.py": EXAMPLE_KERNEL,
         "tests/test_example.py": EXAMPLE_TEST,
@@ -114,15 +130,22 @@ def yaml_string(text: str) -> str:
     )
 
 
-def schema_reference() -> str:
-    """Where editors find pipeline.yaml's JSON Schema: the one this Kiln ships."""
+# The project's copy of pipeline.yaml's JSON Schema, next to it: pipeline.yaml's first
+# line names it by a relative path, which the YAML language server resolves against the
+# file, so it holds in every clone (an absolute path into one venv would not).
+SCHEMA_FILE = "pipeline.schema.json"
+
+
+def schema_text() -> str:
+    """The JSON Schema this Kiln checks pipeline.yaml against, as the project keeps it."""
     from kiln.pipeline.schema import SCHEMA_PATH
 
-    return os.fspath(SCHEMA_PATH.resolve())
+    return SCHEMA_PATH.read_text(encoding="utf-8")
 
 
 DESCRIPTIONS = {
     "pipeline.yaml": "what to build: kernels, shape sets, stages, machine, targets",
+    SCHEMA_FILE: "pipeline.yaml's JSON Schema, for editors (`kiln config --schema` refreshes it)",
     "kernels/__init__.py": "the kernel package pipeline.yaml scans",
     "kernels/example.py": "one @device kernel: scale_add",
     "tests/test_example.py": "pytest: the kernel against numpy",
@@ -155,7 +178,8 @@ kernels:
 # prints them. Write `stages:`, `machine:` or `machines:` here to change them.
 
 # Where kernels run: `kiln test` checks every target against the cpu oracle.
-# With `pip install kiln[iree]`, add  iree-cpu: {{runner: iree, options: {{device: llvm-cpu}}}}
+# With `pip install 'kiln-kernels[iree]'`, add
+#   iree-cpu: {{runner: iree, options: {{device: llvm-cpu}}}}
 targets:
   cpu: {{runner: cpu}}
   sim: {{runner: sim, machine: npu-v1}}
@@ -231,6 +255,8 @@ Compute kernels built with Kiln.
 - `kiln test`: check every target of pipeline.yaml against the cpu oracle
 - `kiln watch --target sim`: rebuild and test on every save
 - `kiln status`: what would rebuild, and why
-- `python -m pytest`: the kernels' own tests
+- `python -m pytest`: the kernels' own tests (`pip install pytest` first: Kiln does not need it)
+- `pipeline.schema.json`: what editors check pipeline.yaml against; `kiln config --schema`
+  refreshes it after an upgrade of Kiln
 - `kiln help`: every command
 """

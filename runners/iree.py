@@ -31,7 +31,7 @@ from kiln.fsutil import write_bytes_atomic
 from kiln.ir.graph import Graph
 from kiln.ir.interp import NUMPY_DTYPES
 
-MISSING_EXTRA = "the iree target needs the optional 'iree' extra: pip install 'kiln[iree]'"
+MISSING_EXTRA = "the iree target needs the optional 'iree' extra: pip install 'kiln-kernels[iree]'"
 # Host-tuned llvm-cpu flags (DESIGN "Facts measured": gemm 1024 30 ms -> 11 ms).
 # O3 measured: layernorm 4096x4096 ~30% faster, softmax and gemm unchanged.
 HOST_FLAGS = (

@@ -47,7 +47,7 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
     except ImportError:
         raise KilnError(
             "kiln test APP runs the app's tests with pytest, which is not installed",
-            hint="pip install 'kiln[test]'",
+            hint="pip install pytest",
         ) from None
     asked = list(targets)
     targets = targets or default_targets(project)

@@ -44,17 +44,22 @@ def merged_tolerance(project: Project, target: str, kernel_tolerance: dict | Non
 def check_instance(
     project: Project, inst: KernelInstance, targets: list[str], seed: int = 0
 ) -> list[dict]:
-    """Run ``inst`` on each target with the oracle's inputs; one report dict per target."""
+    """Run ``inst`` on each target with the oracle's inputs; one report dict per target.
+
+    A pass or fail whose oracle output checks little (all zeros, constant,
+    non-finite: ``kiln.compare.vacuity``) carries ``warnings``;
+    ``strict_verdict`` turns them into a failure.
+    """
     from kiln.runners.cpu import CpuRunner
     from kiln.tasks.report_cache import report_cache
-    from kiln.tasks.running import kernel_artifacts, make_runner
+    from kiln.tasks.running import instance_inputs, kernel_artifacts, make_runner
 
     from kiln.compare import compare
-    from kiln.inputs import random_inputs
 
     artifacts = kernel_artifacts(project, inst)
     graph = artifacts.graph
     expected = inputs = oracle_error = None
+    warnings: list[str] = []
     kernel_tolerance = project.pipeline.kernel(inst.kernel).tolerance
     reports = []
     for target in targets:
@@ -65,14 +70,16 @@ def check_instance(
         if reason:
             reports.append({**report, "status": "skipped", "reason": reason})
             continue
-        cache = report_cache(project, inst, target, runner, tolerance, seed)
+        cache = report_cache(
+            project, inst, target, runner, tolerance, seed, function=artifacts.function
+        )
         found = cache.fetch() if cache is not None else None
         if found is not None:
             reports.append({**found, **report})
             continue
         if expected is None and oracle_error is None:
             # the oracle runs once, for the first target not in the cache
-            inputs = random_inputs(inst.name, [(a.shape, a.dtype) for a in graph.args], seed)
+            inputs = instance_inputs(project, inst, graph, seed)
             oracle = CpuRunner()
             try:
                 expected = oracle.run(oracle.prepare(artifacts), inputs).outputs
@@ -80,6 +87,8 @@ def check_instance(
                 oracle_error = err.render()
             except Exception as exc:  # the kernel's own Python, run eagerly: its problem
                 oracle_error = oracle_failure(inst, exc).render()
+            else:
+                warnings = vacuous_check_warnings(project, inst, expected)
         if oracle_error is not None:  # nothing to compare against: each target errs
             reports.append({**report, "status": "error", "message": oracle_error, "seconds": 0.0})
             continue
@@ -120,10 +129,39 @@ def check_instance(
                 k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str))
             },
         }
+        if warnings:
+            report["warnings"] = list(warnings)
         if cache is not None:
             cache.store(report)
         reports.append(report)
     return reports
+
+
+def vacuous_check_warnings(project: Project, inst: KernelInstance, expected: list) -> list[str]:
+    """One warning per oracle output that checks little for these inputs, naming it."""
+    from kiln.compare import vacuity
+
+    try:
+        where = project.pipeline.kernel(inst.kernel).key_path + ".inputs"
+    except KeyError:  # an instance pipeline.yaml does not declare
+        where = f"kernels.{inst.kernel}.inputs"
+    found = []
+    for index, array in enumerate(expected):
+        why = vacuity(array)
+        if why is not None:
+            found.append(
+                f"vacuous check: the oracle's output {index} {why} for these inputs, so "
+                f"matching it proves little; choose the arguments' values under `{where}` "
+                "in pipeline.yaml (docs/pipeline.md#inputs)"
+            )
+    return found
+
+
+def strict_verdict(report: dict) -> dict:
+    """``--strict``: a pass whose check was vacuous is a failure, saying why."""
+    if report.get("status") != "pass" or not report.get("warnings"):
+        return report
+    return {**report, "status": "fail", "strict": True}
 
 
 def oracle_failure(inst: KernelInstance, exc: Exception) -> KilnError:
@@ -156,11 +194,13 @@ def format_report(r: dict) -> str:
         return f"{head}\n" + "\n".join("    " + line for line in r["message"].splitlines())
     lines = [head]
     for c in r["outputs"]:
-        if c.get("problem") or not c["ok"] or r["status"] == "fail":
+        if c.get("problem") or not c["ok"] or r["status"] == "fail" and not r.get("strict"):
             lines.append("    " + (c.get("text") or c.get("problem", "")))
-    if r["status"] == "pass":
+    if r["status"] == "pass" or r.get("strict"):
         worst = max((c["max_abs"] for c in r["outputs"]), default=0.0)
         lines[0] += f"  (max abs err {worst:.2g}" + (", cached" if r.get("cache") else "") + ")"
+    prefix = "error (--strict)" if r.get("strict") else "warning"
+    lines += [f"    {prefix}: {w}" for w in r.get("warnings", ())]
     return "\n".join(lines)
 
 
@@ -200,6 +240,8 @@ def run_tests(project: Project, instances: list, args) -> int:
             found = [build_error_report(inst, t, args.seed, unbuilt[inst.name]) for t in targets]
         else:
             found = check_instance(project, inst, targets, args.seed)
+            if getattr(args, "strict", False):
+                found = [strict_verdict(r) for r in found]
         for report in found:
             if not (quiet and report["status"] in ("pass", "skipped")):
                 print(format_report(report), flush=True)
@@ -209,6 +251,7 @@ def run_tests(project: Project, instances: list, args) -> int:
         s: sum(r["status"] == s for r in reports) for s in ("pass", "fail", "error", "skipped")
     }
     print("kiln test: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    print_notes(reports, strict=getattr(args, "strict", False))
     report_file = project.out_dir / "test-report.json"
     report_file.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(
@@ -229,6 +272,24 @@ def run_tests(project: Project, instances: list, args) -> int:
         if all(r["status"] == "skipped" for r in mine)
     }
     return asked_for_and_unavailable(args.target or [], skipped)
+
+
+def print_notes(reports: list[dict], strict: bool) -> None:
+    """What the summary does not say: vacuous checks, and verdicts taken from the cache."""
+    warned = sum(bool(r.get("warnings")) for r in reports)
+    if warned and not strict:
+        print(
+            f"kiln test: {warned} check(s) with a vacuous-check warning (see above); "
+            "--strict makes them failures"
+        )
+    checked = [r for r in reports if r["status"] in ("pass", "fail")]
+    cached = sum(bool(r.get("cache")) for r in checked)
+    if cached:
+        everything = "all " if cached == len(checked) else ""
+        print(
+            f"kiln test: {everything}{cached} of {len(checked)} result(s) taken from the cache: "
+            "nothing they depend on changed (graph, binary, kernel code, inputs, tolerance)"
+        )
 
 
 def asked_for_and_unavailable(asked: list[str], skipped: dict[str, str]) -> int:
@@ -255,14 +316,22 @@ def test_tasks(project: Project, instances=None):
     last = project.pipeline.stages[-1]
     first = project.pipeline.stages[0]
     targets = default_targets(project)
-    specs = {
+    target_specs = {
         t.name: digest_json([t.runner, t.machine, sorted(t.options), t.tolerance])
         for t in project.pipeline.targets
     }
     stamps = ConfigStamps(project.state_dir / "config")
+    from kiln.tasks.running import instance_input_specs
+
+    from kiln.inputs import parse
+
     for inst in instances if instances is not None else project.instances:
         deps = sorted({stage_artifact(inst, last.module), stage_artifact(inst, first.module)})
         tolerance = digest_json(project.pipeline.kernel(inst.kernel).tolerance)
+        specs = instance_input_specs(project, inst)
+        # an .npy file is a file_dep of its own; no inputs: the stamp of before
+        inputs = {"inputs": digest_json(sorted(specs.items()))} if specs else {}
+        npy = [str(project.root / v["npy"]) for v in specs.values() if parse(v)[0].name == "npy"]
         for target in targets:
             report = str(inst.out_dir / f"test-{target}.json")
             yield {
@@ -272,7 +341,10 @@ def test_tasks(project: Project, instances=None):
                 ],
                 "file_dep": [
                     *deps,
-                    stamps.path("test", {"target": specs[target], "tolerance": tolerance}),
+                    *npy,
+                    stamps.path(
+                        "test", {"target": target_specs[target], "tolerance": tolerance, **inputs}
+                    ),
                 ],
                 "targets": [report],
                 "uptodate": [(_report_passed, [report])],

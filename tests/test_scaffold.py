@@ -102,11 +102,50 @@ def test_init_creates_missing_directories_and_takes_a_name(tmp_path):
     assert set(pipeline["targets"]) == {"cpu", "sim"}  # no extra needed to test
 
 
-def test_pipeline_names_its_schema_for_editors(tmp_path):
-    init_project(tmp_path)
-    first = (tmp_path / "pipeline.yaml").read_text().splitlines()[0]
+def test_pipeline_names_its_schema_by_a_path_that_holds_in_every_clone(tmp_path):
+    from kiln.pipeline.schema import SCHEMA_PATH
+
+    init_project(tmp_path / "p")
+    (tmp_path / "p").rename(tmp_path / "clone")  # another checkout, elsewhere
+    first = (tmp_path / "clone/pipeline.yaml").read_text().splitlines()[0]
     match = re.fullmatch(r"# yaml-language-server: \$schema=(.+)", first)
-    assert match and Path(match.group(1)).is_file()
+    assert match and not Path(match.group(1)).is_absolute(), first
+    schema = tmp_path / "clone" / match.group(1)  # the language server resolves it so
+    assert schema.read_text() == SCHEMA_PATH.read_text()
+
+
+def test_config_schema_refreshes_the_projects_copy_and_config_says_when_it_is_stale(
+    tmp_path, capsys, monkeypatch
+):
+    from kiln.cli import main
+
+    init_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / ".cache"))
+    (tmp_path / "pipeline.schema.json").write_text("{}")  # an older Kiln's
+    assert main(["config"]) == 0
+    assert "# schema:    pipeline.schema.json is not this Kiln's" in capsys.readouterr().out
+    assert main(["config", "--schema"]) == 0
+    assert "kiln: wrote pipeline.schema.json" in capsys.readouterr().out
+    assert main(["config", "--schema"]) == 0
+    assert "is up to date" in capsys.readouterr().out
+    assert main(["config"]) == 0
+    assert "pipeline.schema.json, as this Kiln checks" in capsys.readouterr().out
+
+
+def test_init_says_how_to_get_pytest_when_it_is_missing(tmp_path, capsys, monkeypatch):
+    from kiln import scaffold
+    from kiln.cli import main
+
+    monkeypatch.setattr(scaffold, "have_pytest", lambda: False)  # Kiln's base install
+    assert main(["init", str(tmp_path / "p")]) == 0
+    steps = capsys.readouterr().out.split("next:\n")[1].splitlines()
+    commands = [line.split("  ")[1] for line in steps]
+    assert commands.index("pip install pytest") < commands.index("python -m pytest"), steps
+    monkeypatch.setattr(scaffold, "have_pytest", lambda: True)
+    assert main(["init", str(tmp_path / "q")]) == 0
+    assert "pip install pytest" not in capsys.readouterr().out.split("next:")[1]
+    assert "`pip install pytest` first" in (tmp_path / "q/README.md").read_text()
 
 
 def test_gitignore_keeps_outputs_and_state_out_of_git(tmp_path):

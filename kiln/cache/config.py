@@ -115,7 +115,8 @@ def require_remote_support(url: str) -> None:
         raise KilnError(
             f"the remote cache {url!r} needs {' and '.join(missing)}, "
             f"which {'is' if len(missing) == 1 else 'are'} not installed",
-            hint="pip install 'kiln[distributed]' (or unset KILN_REMOTE_CACHE / cache.remote)",
+            hint="pip install 'kiln-kernels[distributed]' "
+            "(or unset KILN_REMOTE_CACHE / cache.remote)",
         )
 
 
@@ -172,7 +173,7 @@ def remote_url_problem(url: str, *, protocols: bool = True) -> tuple[str, str] |
     if spec is not None and scheme not in registry:
         package = spec["class"].split(".")[0]
         if package != "fsspec" and importlib.util.find_spec(package) is None:
-            extra = "'kiln[distributed]'" if package == "s3fs" else package
+            extra = "'kiln-kernels[distributed]'" if package == "s3fs" else package
             return f"{scheme}:// needs the package {package}, which is not installed", (
                 f"pip install {extra}"
             )

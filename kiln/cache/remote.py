@@ -20,7 +20,7 @@ from kiln.cache.store import action_entry, parse_action_entry, sha256
 from kiln.errors import KilnError
 from kiln.logconfig import warn
 
-DISTRIBUTED_EXTRA = "pip install 'kiln[distributed]'"
+DISTRIBUTED_EXTRA = "pip install 'kiln-kernels[distributed]'"
 # Backends whose single PUT is atomic: no temp key needed.
 ATOMIC_PUT = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
 

@@ -54,7 +54,7 @@ def test_missing_extra_is_one_message_naming_it(monkeypatch):
     with pytest.raises(KilnError) as info:
         require_remote_support("s3://bucket/prefix")
     assert info.value.message.endswith("needs s3fs, which is not installed")
-    assert "kiln[distributed]" in info.value.hint
+    assert "kiln-kernels[distributed]" in info.value.hint
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if "fs" in name else real(name, *a)
     )
