@@ -27,6 +27,17 @@ LANG_NAMES = frozenset(
 )
 
 
+def load_outputs(directory: Any) -> dict[str, Any]:
+    """The outputs ``kiln run --save-outputs DIR`` wrote, name -> array, in their own dtypes.
+
+    Plain ``np.load`` reads each file too (bf16 is saved as its exact f32
+    widening); this gives bf16 back as bf16. See :mod:`kiln.outputs`.
+    """
+    from kiln.outputs import load_outputs as load
+
+    return load(directory)
+
+
 def __getattr__(name: str) -> Any:
     if name in LANG_NAMES:
         import kiln.lang as lang

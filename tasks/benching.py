@@ -113,16 +113,15 @@ def ready_runner(project, target: str, device: int):
 
 
 def bench_rows(project, instances, target: str, runner, iters: int, warmup: int):
-    from kiln.tasks.running import kernel_artifacts
+    from kiln.tasks.running import instance_inputs, kernel_artifacts
 
-    from kiln.inputs import random_inputs
     from kiln.ir.cost import flops, io_bytes
 
     rows = []
     for inst in instances:
         artifacts = kernel_artifacts(project, inst)
         graph = artifacts.graph
-        inputs = random_inputs(inst.name, [(a.shape, a.dtype) for a in graph.args])
+        inputs = instance_inputs(project, inst, graph)
         prepared = runner.prepare(artifacts)
         row = {"kernel": inst.name, "target": target}
         if runner.kind == "sim":

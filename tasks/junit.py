@@ -1,4 +1,9 @@
-"""JUnit XML for CI systems: one testcase per kernel instance and target."""
+"""JUnit XML for CI systems: one testcase per kernel instance and target.
+
+A vacuous-check warning (kiln.compare.vacuity) is a ``kiln.warning``
+property of its testcase and a line of its ``system-err``; under
+``--strict`` the testcase is a ``failure`` saying so.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +25,16 @@ def write_junit(path: Path, reports: list[dict]) -> None:
             time=f"{r.get('seconds', 0.0):.6f}",
         )
         status = r["status"]
-        if status == "fail":
+        warnings = list(r.get("warnings", ()))
+        if warnings:  # first in a testcase, as JUnit's schema orders it
+            properties = ET.SubElement(case, "properties")
+            for warning in warnings:
+                ET.SubElement(properties, "property", name="kiln.warning", value=warning)
+        if status == "fail" and r.get("strict"):  # --strict: the check was vacuous
+            counts["fail"] += 1
+            message = "vacuous check (--strict): the oracle's output checks little"
+            ET.SubElement(case, "failure", message=message).text = "\n".join(warnings)
+        elif status == "fail":
             counts["fail"] += 1
             text = "\n".join(c.get("text", "") for c in r["outputs"] if not c["ok"])
             ET.SubElement(case, "failure", message="output differs from the cpu oracle").text = text
@@ -33,6 +47,8 @@ def write_junit(path: Path, reports: list[dict]) -> None:
         elif status == "skipped":
             counts["skipped"] += 1
             ET.SubElement(case, "skipped", message=r["reason"])
+        if warnings:  # CI systems show a case's stderr beside the verdict
+            ET.SubElement(case, "system-err").text = "\n".join(f"warning: {w}" for w in warnings)
     suite.set("failures", str(counts["fail"]))
     suite.set("errors", str(counts["error"]))
     suite.set("skipped", str(counts["skipped"]))

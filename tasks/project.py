@@ -186,7 +186,7 @@ class Project:
                 found.setdefault(k.path, []).append(k)
         resolved = {}
         for spec in self.pipeline.kernels:
-            where = f"kernels.{spec.name}"
+            where = spec.key_path  # an entry with a list of dtypes: its own key
             wanted = spec.function or spec.name
             candidates = found.get(wanted, [])
             if not candidates:
@@ -228,12 +228,15 @@ class Project:
 
                 raise PipelineError(
                     f"kernel {spec.name!r} has no argument {arg!r}",
-                    location=self.pipeline.locate(f"kernels.{spec.name}.dtypes.{arg}"),
+                    location=self.pipeline.locate(f"{spec.key_path}.dtypes.{arg}"),
                     expected="an argument of " + f"{source.name}: " + (", ".join(args) or "(none)"),
                     found=repr(arg),
                     hint=did_you_mean(arg, args),
                     notes=[f"{defined_at(source)}: def {source.name}(...)"],
                 )
+        from kiln.inputs import check_kernel_inputs
+
+        check_kernel_inputs(self.pipeline, spec, source.params, self.root)
         for set_name, bindings in spec.shapes:
             self._check_sizes(spec, source, set_name, dict(bindings))
             bound = {k for k, _ in bindings}
@@ -243,7 +246,7 @@ class Project:
                         raise PipelineError(
                             f"shape symbol {dim!r} of argument {arg!r} of kernel "
                             f"{spec.name!r} is not bound by shape set {set_name!r}",
-                            location=self.pipeline.locate(f"kernels.{spec.name}.shapes.{set_name}"),
+                            location=self.pipeline.locate(f"{spec.key_path}.shapes.{set_name}"),
                             expected=f"a value for {dim}",
                             found="bound: " + (", ".join(sorted(bound)) or "nothing"),
                             notes=[f"{defined_at(source)}: def {source.name}(...)"],
@@ -261,9 +264,7 @@ class Project:
                 raise PipelineError(
                     f"argument {arg!r} of kernel {spec.name!r} is too large at shape set "
                     f"{set_name!r}",
-                    location=self.pipeline.locate(
-                        f"kernels.{spec.name}.shapes.{set_name}", value=True
-                    ),
+                    location=self.pipeline.locate(f"{spec.key_path}.shapes.{set_name}", value=True),
                     expected=f"at most {MAX_TENSOR_BYTES // 2**30} GiB per argument",
                     found=f"{elements * itemsize:,} bytes ({shape})",
                     hint="check the dims of this shape set",

@@ -32,6 +32,40 @@ def kernel_artifacts(project: Project, inst: KernelInstance):
     return KernelArtifacts(inst.name, graph, inst.out_dir, edf, load_function(project, inst))
 
 
+def instance_inputs(project: Project, inst: KernelInstance, graph, seed: int = 0) -> list:
+    """The arrays every target of ``inst`` runs on: pipeline.yaml's ``inputs:`` drawn with ``seed``.
+
+    The one way `kiln test`, `kiln run` and `kiln bench` make a kernel's
+    inputs (kiln.inputs); a spec that cannot be used is an error at its line.
+    """
+    from kiln.errors import KilnError
+    from kiln.inputs import random_inputs
+
+    specs = instance_input_specs(project, inst)
+    try:
+        return random_inputs(
+            inst.name,
+            [(a.shape, a.dtype, specs.get(a.attr("name"))) for a in graph.args],
+            seed,
+            root=project.root,
+        )
+    except KilnError as err:  # a .npy file changed since the pipeline was loaded
+        arg = graph.args[getattr(err, "argument", 0)].attr("name")
+        err.message = f"argument {arg!r} of {inst.name}: " + err.message.split(": ", 1)[-1]
+        spec = project.pipeline.kernel(inst.kernel)
+        err.location = project.pipeline.locate(spec.input_key_path(inst.shape_set, arg))
+        raise
+
+
+def instance_input_specs(project: Project, inst: KernelInstance) -> dict:
+    """Argument -> input spec of ``inst`` (its kernel's ``inputs:``, its shape set's over it)."""
+    try:
+        spec = project.pipeline.kernel(inst.kernel)
+    except KeyError:  # an instance made outside pipeline.yaml: the defaults
+        return {}
+    return spec.input_specs(inst.shape_set)
+
+
 def make_runner(project: Project, target: str):
     """Instantiate the runner of a pipeline target (or a bare runner kind like `cpu`)."""
     from kiln.runners.base import load_runner_class
@@ -115,13 +149,13 @@ def run_kernel(project: Project, instances: list[KernelInstance], args) -> int:
 
     from kiln.tasks.selection import Selection, first_shape_set
 
-    from kiln.inputs import describe, random_inputs
+    from kiln.inputs import describe
 
     inst = first_shape_set(Selection(instances), "run", "the run")
     build(project, [inst])
     runner = make_runner(project, args.target)
     artifacts = kernel_artifacts(project, inst)
-    inputs = random_inputs(inst.name, [(a.shape, a.dtype) for a in artifacts.graph.args], args.seed)
+    inputs = instance_inputs(project, inst, artifacts.graph, args.seed)
     result = runner.run(runner.prepare(artifacts), inputs)
     print(f"{inst.name} on {args.target} ({inst.source.path}, seed {args.seed})")
     for arg, array in zip(artifacts.graph.args, inputs, strict=True):
@@ -134,10 +168,12 @@ def run_kernel(project: Project, instances: list[KernelInstance], args) -> int:
     for key, value in sorted(result.metrics.items()):
         print(f"  {key}: {value}")
     if args.save_outputs:
-        import numpy as np
+        from kiln.outputs import save_outputs
 
-        args.save_outputs.mkdir(parents=True, exist_ok=True)
-        for index, array in enumerate(result.outputs):
-            np.save(args.save_outputs / f"out{index}.npy", array)
-        print(f"  saved {len(result.outputs)} output(s) to {args.save_outputs}")
+        outputs = [(f"out{index}", array) for index, array in enumerate(result.outputs)]
+        save_outputs(outputs, args.save_outputs)
+        print(
+            f"  saved {len(outputs)} output(s) to {args.save_outputs} (outN.npy and "
+            "outputs.json: read them with np.load, or kiln.load_outputs for their own dtypes)"
+        )
     return 0

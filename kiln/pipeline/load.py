@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     Positions = SourceMap | LayeredSourceMap  # a file's positions, or pipeline.yaml's + Kiln's
 
 BUILTIN_RUNNERS = ("cpu", "sim", "iree", "npu")
-_CACHE_FORMAT = 2  # bump when the pickled model changes shape
+_CACHE_FORMAT = 3  # bump when the pickled model changes shape
 _UNUSABLE_CACHE = (
     OSError,
     EOFError,
@@ -201,6 +201,8 @@ def _check_references(data: dict[str, Any], smap: Positions, root: Path) -> None
     named = [("machine", data.get("machine"))]
     for name, spec in data["kernels"].items():
         _check_shapes(name, spec["shapes"], smap)
+        _check_inputs(name, spec, smap)
+        _check_dtype_list(name, spec, data["kernels"], smap)
         named.append((f"kernels.{name}.machine", spec.get("machine")))
         for stage in spec.get("options") or {}:
             if stage not in stages:
@@ -387,6 +389,57 @@ def _check_shapes(kernel: str, shapes: dict[str, Any], smap: Positions) -> None:
                     expected="a Python identifier such as M or K",
                     found=repr(dim),
                 )
+
+
+def _check_inputs(kernel: str, spec: dict[str, Any], smap: Positions) -> None:
+    """Each input spec holds a value to draw (low < high, ...): an error at its line.
+
+    What needs the kernel's signature (an unknown argument, a float
+    distribution for an i32 argument, a .npy file's shape) is checked when
+    the kernel packages are scanned (tasks/project.py).
+    """
+    base = f"kernels.{kernel}"
+    written = [(f"{base}.inputs", spec.get("inputs") or {})]
+    for set_name, dims in spec["shapes"].items():
+        if isinstance(dims, dict) and isinstance(dims.get("inputs"), dict):
+            written.append((f"{base}.shapes.{set_name}.inputs", dims["inputs"]))
+    if not any(specs for _, specs in written):
+        return
+    from kiln.inputs import spec_problem
+
+    for key_path, specs in written:
+        for arg, input_spec in specs.items():
+            problem = spec_problem(input_spec)
+            if problem is not None:
+                where = f"{key_path}.{arg}" + (f".{problem.key}" if problem.key else "")
+                raise smap.error(
+                    f"argument '{arg}' of kernel '{kernel}': {problem.message}",
+                    where,
+                    value=True,
+                    expected=problem.expected,
+                    found=problem.found,
+                    hint=problem.hint,
+                )
+
+
+def _check_dtype_list(kernel: str, spec: dict[str, Any], kernels: dict, smap: Positions) -> None:
+    """A list of dtypes makes ``<kernel>_<dtype>`` kernels: none may clash with an entry."""
+    from kiln.pipeline.model import dtype_list_name
+
+    dtypes = spec.get("dtype")
+    if not isinstance(dtypes, list):
+        return
+    for i, dtype in enumerate(dtypes):
+        name = dtype_list_name(kernel, dtype)
+        if name in kernels:
+            raise smap.error(
+                f"kernel '{kernel}' with dtype {dtype} is named '{name}', like another entry",
+                f"kernels.{kernel}.dtype[{i}]",
+                value=True,
+                expected=f"no entry named '{name}' beside a dtype list on '{kernel}'",
+                found=f"kernels.{name}",
+                hint=f"rename the entry '{name}' (and give it `function:` if it is an alias)",
+            )
 
 
 # Built-in stages moved under Kiln's own namespace: the old top-level names

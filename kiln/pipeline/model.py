@@ -8,7 +8,7 @@ must be treated as read-only: it is shared by every caller.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -39,6 +39,29 @@ class KernelSpec:
     options: tuple[tuple[str, Options], ...] = ()  # (stage name, option overrides)
     tolerance: dict[str, float] | None = field(default=None, hash=False)
     machine: str | None = None
+    # (argument, input spec) of ``inputs:``, and per shape set its own overrides
+    inputs: tuple[tuple[str, Any], ...] = field(default=(), hash=False)
+    set_inputs: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = field(default=(), hash=False)
+    # the key in pipeline.yaml, when it is not ``name``: an entry with a list of
+    # dtypes makes one kernel per dtype, ``gemm_f16`` from ``gemm: {dtype: [f32, f16]}``
+    entry: str | None = None
+
+    @property
+    def key_path(self) -> str:
+        """Where this kernel is written in pipeline.yaml: ``kernels.<its entry>``."""
+        return f"kernels.{self.entry or self.name}"
+
+    def input_specs(self, shape_set: str | None = None) -> dict[str, Any]:
+        """Argument -> input spec: ``inputs:``, with ``shape_set``'s own ``inputs`` over it."""
+        merged = dict(self.inputs)
+        merged.update(dict(self.set_inputs).get(shape_set, ()))
+        return merged
+
+    def input_key_path(self, shape_set: str | None, arg: str) -> str:
+        """The key path of argument ``arg``'s input spec for ``shape_set``."""
+        if any(arg == a for a, _ in dict(self.set_inputs).get(shape_set, ())):
+            return f"{self.key_path}.shapes.{shape_set}.inputs.{arg}"
+        return f"{self.key_path}.inputs.{arg}"
 
     def arg_dtype(self, arg: str) -> str:
         """The dtype of argument ``arg``: its override, else the kernel's dtype."""
@@ -162,12 +185,15 @@ class Pipeline:
             tuning_file=(get("tuning") or {}).get("file", DEFAULT_TUNING_FILE),
             packages=tuple(data["packages"]),
             machine=get("machine"),
-            kernels=tuple(_kernel(name, spec) for name, spec in data["kernels"].items()),
+            kernels=tuple(
+                k for name, spec in data["kernels"].items() for k in _kernels(name, spec)
+            ),
             stages=tuple(
                 StageSpec(s["name"], s["module"], _items(s.get("options"))) for s in data["stages"]
             ),
             dumps=tuple(
-                DumpSpec(tuple(d["kernels"]), tuple(d["kinds"])) for d in get("dumps") or ()
+                DumpSpec(_expanded(d["kernels"], data["kernels"]), tuple(d["kinds"]))
+                for d in get("dumps") or ()
             ),
             machines=dict(get("machines") or {}),
             targets=tuple(
@@ -330,20 +356,61 @@ def _items(mapping: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
     return tuple((mapping or {}).items())
 
 
-def _kernel(name: str, spec: dict[str, Any]) -> KernelSpec:
+INPUTS_KEY = "inputs"  # in a named shape set: that set's own inputs, not a dim
+
+
+def dtype_list_name(name: str, dtype: str) -> str:
+    """The kernel made for ``dtype`` by an entry with a list of dtypes: ``gemm_f16``."""
+    return f"{name}_{dtype}"
+
+
+def _kernels(name: str, spec: dict[str, Any]) -> list[KernelSpec]:
+    """The kernels of one entry of ``kernels:``: one, or one per dtype of a dtype list."""
     shapes = spec["shapes"]
+    set_inputs: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     if all(isinstance(size, int) for size in shapes.values()):  # one flat set of dims
         sets: tuple[tuple[str, Dims], ...] = (("default", _items(shapes)),)
     else:
-        sets = tuple((set_name, _items(dims)) for set_name, dims in shapes.items())
+        sets = tuple(
+            (set_name, tuple((d, v) for d, v in dims.items() if d != INPUTS_KEY))
+            for set_name, dims in shapes.items()
+        )
+        set_inputs = tuple(
+            (set_name, _items(dims[INPUTS_KEY]))
+            for set_name, dims in shapes.items()
+            if dims.get(INPUTS_KEY)
+        )
     options = spec.get("options") or {}
-    return KernelSpec(
+    kernel = KernelSpec(
         name=name,
         function=spec.get("function"),
-        dtype=spec.get("dtype", "f32"),
         dtypes=_items(spec.get("dtypes")),
         shapes=sets,
         options=tuple((stage, _items(overrides)) for stage, overrides in options.items()),
         tolerance=spec.get("tolerance"),
         machine=spec.get("machine"),
+        inputs=_items(spec.get(INPUTS_KEY)),
+        set_inputs=set_inputs,
     )
+    dtype = spec.get("dtype", "f32")
+    if not isinstance(dtype, list):
+        return [replace(kernel, dtype=dtype)]
+    return [
+        replace(
+            kernel,
+            name=dtype_list_name(name, one),
+            function=kernel.function or name,
+            dtype=one,
+            entry=name,
+        )
+        for one in dtype
+    ]
+
+
+def _expanded(names: list[str], kernels: dict[str, Any]) -> tuple[str, ...]:
+    """Kernel names of ``dumps:``, an entry with a list of dtypes standing for each kernel."""
+    found: list[str] = []
+    for name in names:
+        dtype = (kernels.get(name) or {}).get("dtype")
+        found += [dtype_list_name(name, d) for d in dtype] if isinstance(dtype, list) else [name]
+    return tuple(found)

@@ -74,6 +74,31 @@ def validate_schema(data: dict[str, Any], smap: Positions) -> None:
         raise _translate(error, smap)
 
 
+INPUT_TITLE = "argument input"  # the schema's title of one argument's input spec
+INPUT_FORMS = "one distribution: {normal: {mean: 0, std: 1}}, {integers: {low: 0, high: 10}}, ..."
+
+
+def _input_problem(
+    kind: str, value: Any, path: str, kinds: list[str], smap: Positions
+) -> PipelineError:
+    """A spec under ``inputs:`` that is not one ``{distribution: parameters}`` mapping."""
+    arg = path.rsplit(".", 1)[-1]
+    hint = None
+    if isinstance(value, str) and value in kinds:
+        hint = f"write `{arg}: {{{value}: {{}}}}` for the defaults of {value}"
+    elif isinstance(value, str) and value.endswith(".npy"):
+        hint = f"write `{arg}: {{npy: {value}}}`"
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        hint = f"write `{arg}: {{constant: {value}}}` for a constant"
+    if kind == "maxProperties":
+        message = f"the input of argument '{arg}' names {len(value)} distributions"
+    else:
+        message = f"the input of argument '{arg}' names no distribution"
+    return smap.error(
+        message, path, value=True, expected=INPUT_FORMS, found=describe(value), hint=hint
+    )
+
+
 _TYPE_WORDS = {"object": "a mapping", "array": "a list", "string": "a string", "null": "null"}
 _TYPE_WORDS |= {"integer": "an integer", "number": "a number", "boolean": "a boolean"}
 _RANGE_WORDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
@@ -93,10 +118,14 @@ def _translate(error: Any, smap: Positions) -> PipelineError:
         message = f"invalid name '{value}' in {where}"
         key_path = join_path([*parts, value])
         return smap.error(message, key_path, expected=expected, found=repr(value), hint=hint)
+    if schema.get("title") == INPUT_TITLE and kind != "additionalProperties":
+        return _input_problem(kind, value, path, list(schema.get("properties", {})), smap)
     if kind == "additionalProperties":
         allowed = list(schema.get("properties", {}))
         key = next(k for k in value if k not in allowed)
         message = f"unknown key '{key}'" + (f" in {where}" if path else "")
+        if schema.get("title") == INPUT_TITLE:
+            message = f"unknown input distribution '{key}' for argument '{parts[-1]}'"
         expected, hint = "one of: " + ", ".join(allowed), did_you_mean(key, allowed)
         key_path = join_path([*parts, key])
         return smap.error(message, key_path, expected=expected, found=repr(key), hint=hint)
@@ -140,6 +169,8 @@ def _value_problem(
             return message, "at least one dim binding such as `{M: 64}`", "an empty mapping", None
         message = f"kernel '{keys[1]}' has no shape sets"
         return message, "shape sets such as `small: {M: 64}`", "an empty mapping", None
+    if kind == "uniqueItems":
+        return f"{where} lists an item twice", "each item once", describe(value), None
     if kind in ("minItems", "maxItems") and schema.get("minItems") == schema.get("maxItems"):
         message = f"wrong number of items in {where}"
         return message, f"exactly {rule} items", f"{len(value)} items", None

@@ -1,0 +1,111 @@
+"""Saved outputs that anyone can read: plain ``np.load`` gives the right values.
+
+``kiln run --save-outputs DIR`` writes each output as ``DIR/<name>.npy``
+(``out0.npy``, ``out1.npy``, ... for a kernel; an app's outputs by name). A
+dtype numpy has no name for in a .npy file (bf16, from ml_dtypes, would read
+back as raw ``|V2`` bytes) is saved as its exact float32 widening: every
+bf16 value is a float32 value, so nothing is lost. ``DIR/outputs.json``
+records each output's original dtype and shape, and ``load_outputs(DIR)``
+returns the arrays in their original dtypes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "outputs.json"
+FORMAT = 1
+
+
+def _stored(array):
+    """(the array np.save writes, Kiln's dtype name or numpy's) for one output."""
+    import numpy as np
+
+    from kiln.ir.interp import NUMPY_DTYPES
+
+    name = NUMPY_DTYPES.name_of(array.dtype) or str(array.dtype)
+    if array.dtype.kind == "V" and array.dtype.names is None:  # bf16 and its kin
+        return array.astype(np.float32), name
+    return array, name
+
+
+def save_outputs(outputs: list[tuple[str, Any]], directory: str | os.PathLike[str]) -> list[Path]:
+    """Write each ``(name, value)`` as ``directory/<name>.npy`` plus ``outputs.json``.
+
+    Each file is written atomically; returns the paths of the .npy files.
+    """
+    import numpy as np
+
+    from kiln.fsutil import write_bytes_atomic
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written, entries = [], []
+    for name, value in outputs:
+        array = np.asarray(value)
+        stored, dtype = _stored(array)
+        buffer = io.BytesIO()
+        np.save(buffer, stored, allow_pickle=False)
+        path = directory / f"{name}.npy"
+        write_bytes_atomic(path, buffer.getvalue())
+        written.append(path)
+        entries.append(
+            {"name": name, "file": path.name, "dtype": dtype, "shape": list(array.shape)}
+            | ({"saved_as": str(stored.dtype)} if stored is not array else {})
+        )
+    manifest = {"format": FORMAT, "outputs": entries}
+    write_bytes_atomic(directory / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    return written
+
+
+def load_outputs(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The outputs saved in ``directory``, name -> array, in their original dtypes.
+
+    ``kiln run gemm --save-outputs out/`` then ``kiln.load_outputs("out")["out0"]``.
+    A bf16 output comes back as an ``ml_dtypes.bfloat16`` array with the very
+    values the target computed. A directory without ``outputs.json`` (.npy
+    files from elsewhere) gives each ``*.npy`` as numpy reads it. Raises
+    KilnError when the directory or a file it lists cannot be read.
+    """
+    import numpy as np
+
+    from kiln.errors import KilnError
+    from kiln.ir.interp import NUMPY_DTYPES
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise KilnError(
+            f"no saved outputs at {directory}",
+            expected="a directory written by kiln run --save-outputs",
+            found="nothing there" if not directory.exists() else "a file",
+        )
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        files = sorted(directory.glob("*.npy"), key=_natural)
+        return {p.stem: np.load(p, allow_pickle=False) for p in files}
+    try:
+        entries = json.loads(manifest.read_text(encoding="utf-8"))["outputs"]
+        found = {}
+        for entry in entries:
+            array = np.load(directory / entry["file"], allow_pickle=False)
+            dtype = entry.get("dtype")
+            if dtype in NUMPY_DTYPES and array.dtype != NUMPY_DTYPES[dtype]:
+                array = array.astype(NUMPY_DTYPES[dtype])
+            found[entry["name"]] = array
+        return found
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KilnError(
+            f"the outputs saved in {directory} cannot be read: {type(exc).__name__}: {exc}",
+            hint="run kiln run --save-outputs again to write them",
+        ) from None
+
+
+def _natural(path: Path) -> tuple:
+    """out2 before out10."""
+    import re
+
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.stem))
