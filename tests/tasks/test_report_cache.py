@@ -42,9 +42,17 @@ def test_what_decides_a_report_is_in_its_key(project):
     # another seed gives other inputs: checked again, then cached under its own key
     assert CHECKED in sim_test(project, "--seed", "3")
     assert CACHED in sim_test(project, "--seed", "3")
-    # the oracle runs the Python function: an edit of its file is a new report
+    # a comment or a blank line is not the oracle's code: nothing is checked again
     source = project / "kernels" / "elementwise.py"
-    source.write_text(source.read_text() + "\n# an edit the trace does not see\n")
+    text = source.read_text()
+    source.write_text("# a comment edit\n\n" + text + "\n# an edit the trace does not see\n")
+    out = sim_test(project)
+    assert CACHED in out and "all 1 of 1 result(s) taken from the cache" in out
+    # the oracle runs the Python function: an edit of its code is a new report, even
+    # one the traced graph does not show
+    body = "    return a + b\n"
+    assert body in text
+    source.write_text(text.replace(body, "    total = a + b\n    return total\n", 1))
     assert CHECKED in sim_test(project)
     # a tolerance is part of the verdict
     text = (project / "pipeline.yaml").read_text()
