@@ -116,7 +116,8 @@ def _filters(parser, what: str = "kernels") -> None:
         nargs="*",
         metavar="FILTER",
         help=f"select {what}: an exact name, kernel.shapeset, a glob (gemm*), "
-        "or an unambiguous substring; none selects all",
+        "or a substring of the full path (package.module.function) or instance name, "
+        "which selects every kernel it is found in; none selects all",
     )
 
 
@@ -222,7 +223,8 @@ def _add_build_commands(sub) -> None:
         nargs="*",
         metavar="FILTER|TASK",
         help="select kernels as every command does (an exact name, kernel.shapeset, a glob, "
-        "or an unambiguous substring), or name doit tasks (compile:gemm.small.edf); "
+        "or a substring: every kernel it is found in), or name doit tasks "
+        "(compile:gemm.small.edf); "
         "none selects all kernels",
     )
     k.add_argument("-n", "--dry-run", action="store_true", help="say what would be removed")
@@ -282,9 +284,10 @@ def _add_check_commands(sub) -> None:
         "--save-outputs",
         type=output_path,
         metavar="DIR",
-        help="write each output as DIR/outN.npy, and DIR/outputs.json (each output's dtype "
-        "and shape): np.load reads every file, bf16 as its exact f32 widening; "
-        "kiln.load_outputs(DIR) returns them in their own dtypes",
+        help="write each output as DIR/out0.npy, DIR/out1.npy, ... (an app's as "
+        "DIR/<name>.npy), and DIR/outputs.json (each output's dtype and shape): "
+        "np.load(FILE) reads every file, bf16 as its exact f32 widening; "
+        "kiln.load_outputs(DIR) returns them all in their own dtypes",
     )
     _build_flags(r, fail_fast=False)
 

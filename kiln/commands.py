@@ -25,10 +25,17 @@ def _locked(project):
 
 
 def _select(project, args, command: str, apps: bool = False):
-    """The selection of a command's FILTER arguments (kiln.tasks.selection's one rule)."""
+    """The selection of a command's FILTER arguments (kiln.tasks.selection's one rule).
+
+    A command that takes many kernels selects every match of a substring; one
+    that needs a single kernel (a dump flag, ``--shape``, ``kiln run``) stops
+    with the candidates instead.
+    """
+    from kiln.cli_parser import DUMP_FLAGS
     from kiln.tasks.selection import select
 
     filters = list(getattr(args, "filters", None) or [])
+    dumps = any(getattr(args, f"dump_{kind}", None) is not None for kind in DUMP_FLAGS)
     return select(
         project,
         filters,
@@ -36,6 +43,7 @@ def _select(project, args, command: str, apps: bool = False):
         shape_set=getattr(args, "shapes", None),
         apps=apps,
         command=command,
+        single=dumps or bool(getattr(args, "shape", None)),
     )
 
 
@@ -187,14 +195,18 @@ def cmd_clean(args) -> int:
     if filters or not tasks:  # tasks alone clean only those tasks
         args.filters = filters
         instances = _select(project, args, "clean").instances
-    # every stage of each selected instance; its results (test tasks' too) are removed below
-    names = [*tasks, *(f"compile:{inst.name}.*" for inst in instances or () if filters)]
+    # each selected instance's compile task (its whole stage chain); its results (test
+    # tasks' too) are removed below
+    names = [*tasks, *(f"compile:{inst.name}" for inst in instances or () if filters)]
     flags = [
         flag
         for flag, given in (("-n", args.dry_run), ("-a", args.all), ("-c", args.clean_dep))
         if given
     ] + (["--forget"] if args.forget else [])
-    with _locked(project), redirect_stdout(_WithoutCleanActionLines(sys.stdout)):
+    from kiln.logconfig import verbosity
+
+    lines = _CleanLines(sys.stdout, quiet=verbosity() == 0)
+    with _locked(project), redirect_stdout(lines):
         rc = run_doit(project, ["clean", *flags, *names], instances=None if tasks else instances)
         if rc:
             return 2 if rc == 3 else rc  # doit's 3: a name that is not a task
@@ -203,20 +215,47 @@ def cmd_clean(args) -> int:
             if not filters:  # the whole project's: the report and the last test run
                 results += kiln_results(Path(project.out_dir), whole=True)
             _remove(results, Path(project.out_dir), dry_run=args.dry_run)
+        lines.flush()
+    done = "would remove" if args.dry_run else "removed"
+    print(f"kiln clean: {done} {lines.files} file{'s' * (lines.files != 1)}")
     return 0
 
 
-class _WithoutCleanActionLines:
+class _CleanLines:
     """stdout without doit's "TASK - executing 'Python: function _clean'" before each
-    task: Kiln's clean action says itself what it removes (or would, under -n)."""
+    task (Kiln's clean action says itself what it removes, or would under -n); it
+    counts the files removed, and under -q drops the line of each (the summary says
+    how many)."""
 
-    def __init__(self, stream):
+    FILE_LINES = ("kiln: removed ", "kiln: would remove ")
+    DOIT_FILE_LINES = (" - removing file '", " - removing dir '")  # a task's `clean: True`
+
+    def __init__(self, stream, *, quiet: bool = False):
         self._stream = stream
+        self._pending = ""  # print() writes a line's text and its newline separately
+        self.quiet = quiet
+        self.files = 0
 
     def write(self, text: str) -> int:
-        if text.endswith(" - executing 'Python: function _clean'\n"):
-            return len(text)
-        return self._stream.write(text)
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self._line(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._line(self._pending)
+            self._pending = ""
+        self._stream.flush()
+
+    def _line(self, line: str) -> None:
+        if line.endswith(" - executing 'Python: function _clean'\n"):
+            return
+        if line.startswith(self.FILE_LINES) or any(s in line for s in self.DOIT_FILE_LINES):
+            self.files += 1
+            if self.quiet:
+                return
+        self._stream.write(line)
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)

@@ -25,6 +25,10 @@ def cmd_init(args: argparse.Namespace) -> int:
     written = init_project(root, name=getattr(args, "name", None))
     shown = os.path.relpath(root.absolute(), Path.cwd())
     print(f"kiln: created project {project_name(root, args.name)!r} in {shown}")
+    from kiln.logconfig import verbosity
+
+    if verbosity() == 0:  # -q: the one line; the files and the next steps are for a reader
+        return 0
     width = max(len(p) for p in written)
     for path in written:
         print(f"  {path:<{width}}  {DESCRIPTIONS[path]}")

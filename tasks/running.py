@@ -165,8 +165,10 @@ def run_kernel(project: Project, instances: list[KernelInstance], args) -> int:
 
     for index, array in enumerate(result.outputs):
         print(describe_output(str(index), array))
+    from kiln.figures import figure
+
     for key, value in sorted(result.metrics.items()):
-        print(f"  {key}: {value}")
+        print(f"  {key}: {figure(value)}")  # rounded for reading, as every text output
     if args.save_outputs:
         from kiln.outputs import save_outputs
 

@@ -8,12 +8,17 @@ view, graph, clean):
 - an exact module or function path (``kernels.linalg``, ``kernels.linalg.gemm``)
   selects the kernels defined there;
 - a glob (``gemm*``, ``*norm``, ``kernels.nn.*``) selects every match;
-- a bare substring selects only when it names exactly one kernel;
+- a substring of a kernel's full path (package.module.function) or of an
+  instance name selects every kernel it is found in, as ``cargo test``,
+  ``pytest -k`` and the kernel optimizer's ``compile [FILTER]`` do, and the
+  command says how many it picked;
+- where one kernel is needed (``kiln run KERNEL``, a dump flag, ``--shape``)
+  a substring found in several kernels stops with the candidates instead;
 - ``kernel:NAME`` and ``app:NAME`` say which namespace a name lives in when
   a kernel and an app share it (``problem:NAME`` belongs to ``kiln bench``).
 
-Anything else is one error that lists the candidates and the exact command
-to type.
+A FILTER that matches nothing is one error that names the kernels and the
+nearest one, with the exact command to type.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ KERNEL_PREFIX = "kernel:"
 APP_PREFIX = "app:"
 GLOB_CHARS = "*?["
 SINGLE_INSTANCE_COMMANDS = frozenset({"run"})  # a glob cannot help there
+SHOWN_NAMES = 5  # kernels a selection note names; -v names them all
 # the filters of the selection being made, dropped from a suggested command line
 _LAST_FILTERS: list[str] = []
 
@@ -50,9 +56,15 @@ def select(
     shape_set: str | None = None,
     apps: bool = False,
     command: str | None = None,
+    single: bool = False,
 ) -> Selection:
-    """Resolve ``filters`` against the project; ``apps`` lets one filter name an app."""
+    """Resolve ``filters`` against the project; ``apps`` lets one filter name an app.
+
+    ``single``: the command needs one kernel (a dump flag, ``--shape``), so a
+    substring found in several kernels is an error listing them, as for ``run``.
+    """
     filters = list(filters or [])
+    single = single or command in SINGLE_INSTANCE_COMMANDS
     _LAST_FILTERS[:] = filters
     app = _app_named(project, filters, apps, command)
     if app is not None:
@@ -75,7 +87,10 @@ def select(
     if filters:
         picked: dict[str, object] = {}
         for pattern in filters:
-            for inst in _match(project, chosen, pattern, command):
+            found, loose = _match(project, chosen, pattern, command, single)
+            if loose:
+                _say_picked(pattern, found, command)
+            for inst in found:
                 picked.setdefault(inst.name, inst)
         chosen = [i for i in chosen if i.name in picked]
     if shape_set is not None:
@@ -120,10 +135,14 @@ def first_shape_set(selection: Selection, command: str | None, what: str) -> obj
     Several kernels are still an error (``one_instance``): which one is meant
     cannot be guessed, but a kernel's first shape set is its usual one.
     """
+    from kiln.logconfig import verbosity
+
     instances = selection.instances
     if len({i.kernel for i in instances}) == 1 and len(instances) > 1:
         first = instances[0]
         others = ", ".join(i.shape_set for i in instances[1:])
+        if verbosity() == 0:  # -q: the run or dump itself says which instance
+            return first
         print(
             f"kiln {command or ''}: {first.kernel} has {len(instances)} shape sets; "
             f"{what} uses {first.shape_set} (pick another with --shapes: {others})",
@@ -172,7 +191,27 @@ def _app_named(project, filters: list[str], apps: bool, command: str | None) -> 
     return None
 
 
-def _match(project, instances: list, pattern: str, command: str | None) -> list:
+def _say_picked(pattern: str, found: list, command: str | None) -> None:
+    """One line on stderr: how many kernels a glob or substring FILTER picked, and which."""
+    from kiln.logconfig import verbosity
+
+    level = verbosity()
+    if level == 0:  # -q: the selection is what was asked for
+        return
+    kernels = list(dict.fromkeys(i.kernel for i in found))
+    shown = kernels if level > 1 else kernels[:SHOWN_NAMES]
+    more = len(kernels) - len(shown)
+    names = ", ".join(shown) + (f" and {more} more (-v lists them)" if more else "")
+    count = f"{len(kernels)} kernel{'s' * (len(kernels) != 1)}"
+    if len(found) != len(kernels):
+        count += f" ({len(found)} instances)"
+    print(f"kiln {command or ''}: {pattern!r} selects {count}: {names}", file=sys.stderr)
+
+
+def _match(
+    project, instances: list, pattern: str, command: str | None, single: bool = False
+) -> tuple[list, bool]:
+    """The instances ``pattern`` selects, and whether it was a glob or substring (not a name)."""
     name = pattern.removeprefix(KERNEL_PREFIX)
     if not name.strip():  # '' is a substring of every name: an empty shell variable, likely
         raise KilnError(
@@ -187,7 +226,7 @@ def _match(project, instances: list, pattern: str, command: str | None) -> list:
         if name in (i.kernel, i.name, i.source.path) or _in_package(i.source.path, name)
     ]
     if exact:
-        return exact
+        return exact, False
     if any(c in name for c in GLOB_CHARS):
         found = [
             i
@@ -196,23 +235,19 @@ def _match(project, instances: list, pattern: str, command: str | None) -> list:
         ]
         if not found:
             raise _no_match(project, instances, pattern, command)
-        return found
+        return found, True
     found = [i for i in instances if name in i.name or name in i.source.path]
     kernels = sorted({i.kernel for i in found})
-    if len(kernels) == 1:
-        return found
     if not kernels:
         raise _no_match(project, instances, pattern, command)
+    if len(kernels) == 1 or not single:
+        return found, True
     raise KilnError(
         f"{pattern!r} matches {len(kernels)} kernels: {', '.join(kernels)}",
-        expected="an exact kernel name, an instance (kernel.shapes), or a glob",
+        expected="one kernel: its exact name, an instance (kernel.shapes), or a substring "
+        "found in that kernel only",
         found=pattern,
-        hint=f"type `{_replace_filters(command, kernels[0], pattern)}`"
-        + (
-            ""
-            if command in SINGLE_INSTANCE_COMMANDS
-            else f", or `{_replace_filters(command, repr_glob(pattern), pattern)}` for all of them"
-        ),
+        hint=f"type `{_replace_filters(command, kernels[0], pattern)}`",
     )
 
 
@@ -249,10 +284,6 @@ def _in_package(path: str, package: str) -> bool:
 def _did_you_mean(name: str, names: list[str], prefix: str = "") -> str | None:
     close = difflib.get_close_matches(name, names, n=1)
     return f"did you mean {prefix}{close[0]}?" if close else None
-
-
-def repr_glob(pattern: str) -> str:
-    return f"*{pattern}*"
 
 
 # -- the command to type ---------------------------------------------------------------

@@ -150,3 +150,145 @@ def test_config_text_names_the_file_and_every_directory(project):
 def test_config_text_shows_the_out_dir_the_environment_sets(project):
     rc, out, err = kiln(project, "config", env={"KILN_OUT_DIR": str(project / "elsewhere")})
     assert f"# out dir:   {project / 'elsewhere'}" in out, out
+
+
+# -- 4. -q means quiet for every command -------------------------------------------------
+
+
+@pytest.mark.parametrize("quiet", [["-q", "clean"], ["clean", "-q"]], ids=" ".join)
+def test_quiet_clean_prints_only_the_count(project, quiet):
+    rc, out, err = kiln(project, *quiet, "-n")
+    assert rc == 0, err
+    assert out.splitlines() == ["kiln clean: would remove 14 files"], out
+    rc, out, err = kiln(project, *quiet)
+    assert (rc, out) == (0, "kiln clean: removed 14 files\n"), out + err
+    assert not list((project / "build/kiln/kernel").rglob("*.edf"))
+
+
+def test_clean_lists_each_file_and_the_count_without_q(project):
+    rc, out, err = kiln(project, "clean")
+    lines = out.splitlines()
+    assert rc == 0 and lines[-1] == "kiln clean: removed 14 files", out + err
+    assert sum(line.startswith("kiln: removed build/") for line in lines) == 14
+
+
+def test_quiet_init_and_run_say_only_what_was_asked(tmp_path, project):
+    rc, out, err = kiln(tmp_path, "-q", "init", "new")
+    assert (rc, out) == (0, "kiln: created project 'new' in new\n"), out + err
+    rc, out, err = kiln(project, "-q", "run", "scale_add", "--target", "sim")
+    assert rc == 0 and "shape sets" not in err, err  # which shape set: a note for -v and default
+    assert "scale_add.small on sim" in out
+
+
+# -- 8. kiln view --open without a browser ------------------------------------------------
+
+
+@pytest.mark.parametrize("browser", ["none", "failing"])
+def test_view_open_without_a_browser_says_where_the_report_is(project, monkeypatch, browser):
+    import webbrowser
+
+    def open_(uri):
+        if browser == "failing":
+            raise webbrowser.Error("could not locate runnable browser")
+        return False
+
+    monkeypatch.setattr(webbrowser, "open", open_)
+    rc, out, err = kiln(project, "view", "--open")
+    page = project / "build/kiln/kernel/report.html"
+    assert rc == 0 and page.is_file(), err
+    assert "no web browser found to open the report" in err
+    assert str(page) in err and page.as_uri() in err
+
+
+# -- 12. figures for people ---------------------------------------------------------------
+
+
+def test_run_rounds_its_figures_for_reading(project):
+    rc, out, err = kiln(project, "run", "scale_add.small", "--target", "sim")
+    assert rc == 0, err
+    figures = dict(
+        line.strip().split(": ", 1)
+        for line in out.splitlines()
+        if line.startswith("  ") and ": " in line
+    )
+    rate = figures["sim_instructions_per_second"]
+    assert re.fullmatch(r"\d{1,3}(,\d{3})*", rate), rate  # 232,558: no decimals at that size
+    assert re.fullmatch(r"\d\.\d{1,3}e-\d\d|0\.\d+", figures["sim_seconds"]), figures
+    assert figures["cycles"].isdigit()  # counts stay exact
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (232558.13950718078, "232,558"),
+        (1234.5678, "1235"),
+        (0.61653, "0.6165"),
+        (1.8687999954636325e-05, "1.87e-05"),
+        (0.0, "0"),
+        (532, "532"),
+        (float("inf"), "inf"),
+    ],
+)
+def test_figures_keep_four_significant_digits(value, shown):
+    from kiln.figures import figure
+
+    assert figure(value) == shown
+
+
+# -- 15. what kiln run --save-outputs writes, and how to read it ---------------------------
+
+
+def test_run_help_says_which_files_save_outputs_writes_and_how_to_load_them(tmp_path):
+    rc, out, err = kiln(tmp_path, "run", "--help")
+    help_text = " ".join(out.split())
+    assert rc == 0
+    for said in ("DIR/out0.npy", "DIR/<name>.npy", "outputs.json", "np.load", "kiln.load_outputs"):
+        assert said in help_text, said
+
+
+# -- 14. a FILTER is a substring of the full path, and selects every match -----------------
+
+HOLDOUT = """\
+from kiln import Tensor, device
+
+
+@device
+def relu_nn(x: Tensor["N"]):
+    return x.relu()
+
+
+@device
+def neg_nn(x: Tensor["N"]):
+    return -x
+"""
+
+
+@pytest.fixture
+def two_of_a_kind(project) -> Path:
+    """The project with a module holding two kernels: 'holdout_nn.' is in both paths."""
+    (project / "kernels/holdout_nn.py").write_text(HOLDOUT)
+    text = (project / "pipeline.yaml").read_text()
+    extra = "  relu_nn: {shapes: {small: {N: 64}}}\n  neg_nn: {shapes: {small: {N: 64}}}\n"
+    (project / "pipeline.yaml").write_text(text.replace("targets:\n", extra + "targets:\n"))
+    return project
+
+
+def test_a_substring_of_several_kernels_paths_selects_them_all_and_says_how_many(two_of_a_kind):
+    rc, out, err = kiln(two_of_a_kind, "status", "holdout_nn.")
+    assert rc == 0, err
+    assert "kiln status: 'holdout_nn.' selects 2 kernels: relu_nn, neg_nn" in err
+    assert "kiln: 2 of 2 tasks would run" in out, out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["run", "holdout_nn."], ["compile", "holdout_nn.", "--dump-dfg", "g.json"]],
+    ids=["run", "dump"],
+)
+def test_where_one_kernel_is_needed_a_substring_of_several_stops_with_them(two_of_a_kind, argv):
+    rc, out, err = kiln(two_of_a_kind, *argv)
+    assert rc == 2, out + err
+    assert "'holdout_nn.' matches 2 kernels: neg_nn, relu_nn" in err
+    assert not (two_of_a_kind / "build/kiln/kernel/relu_nn").exists()  # nothing was built
+    rc, out, err = kiln(two_of_a_kind, argv[0], "relu_nn", *argv[2:])  # an exact name wins
+    assert rc == 0, out + err

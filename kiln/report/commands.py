@@ -86,10 +86,32 @@ def _view(args: argparse.Namespace) -> int:
         size = write_report(project, instances, out, diff)
     print(f"kiln: wrote {out} ({len(instances)} kernel instances, {size // 1024} KiB)")
     if args.open:
-        import webbrowser
-
-        webbrowser.open(out.resolve().as_uri())
+        open_in_browser(out)
     return 0
+
+
+def open_in_browser(page: Path) -> bool:
+    """Open ``page`` in a web browser; without one (a server, a container), say where it is.
+
+    The report was written either way, so a missing browser is a note on
+    stderr, not a failure: the exit status stays 0.
+    """
+    import webbrowser
+
+    uri = page.resolve().as_uri()
+    try:
+        opened = webbrowser.open(uri)
+    except webbrowser.Error as exc:  # e.g. $BROWSER naming a program that fails
+        opened, why = False, f" ({exc})"
+    else:
+        why = ""
+    if not opened:
+        print(
+            f"kiln: no web browser found to open the report{why}; it is at {page.resolve()} "
+            f"(open {uri} in a browser, or set BROWSER to one)",
+            file=sys.stderr,
+        )
+    return opened
 
 
 def _check_compare_dir(project, other: Path) -> None:

@@ -75,17 +75,53 @@ def test_an_unambiguous_substring_selects(project):
     assert names(select(project, ["layer"])) == ["layernorm.small"]
 
 
-def test_an_ambiguous_substring_lists_the_candidates_and_the_command(project, monkeypatch):
+def test_where_one_kernel_is_needed_a_substring_of_several_lists_them(project, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["kiln", "run", "row", "--target", "sim"])
     with pytest.raises(KilnError) as info:
         select(project, ["row"], command="run")
     err = info.value
     assert "'row' matches 2 kernels: row_max, row_sum" in err.message
-    assert err.hint == "type `kiln run row_max --target sim`"  # run takes one: no glob
-    monkeypatch.setattr(sys, "argv", ["kiln", "compile", "row"])
-    with pytest.raises(KilnError) as info:
-        select(project, ["row"], command="compile")
-    assert "`kiln compile '*row*'` for all of them" in info.value.hint
+    assert err.hint == "type `kiln run row_max --target sim`"
+    monkeypatch.setattr(sys, "argv", ["kiln", "compile", "row", "--dump-dfg", "g.json"])
+    with pytest.raises(KilnError) as info:  # a dump flag needs one kernel too
+        select(project, ["row"], command="compile", single=True)
+    assert info.value.hint == "type `kiln compile row_max --dump-dfg g.json`"
+
+
+@pytest.mark.parametrize("command", ["compile", "test", "bench", "status", "clean", "tune"])
+def test_a_substring_selects_every_kernel_whose_path_holds_it(
+    project, command, capsys, monkeypatch
+):
+    monkeypatch.delenv("KILN_VERBOSITY", raising=False)
+    assert names(select(project, ["kernels.reduce.row_"], command=command)) == [
+        "row_sum.small",
+        "row_max.small",
+    ]
+    assert names(select(project, ["norm"], command=command)) == [
+        "layernorm.small",
+        "rmsnorm.small",
+    ]
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"kiln {command}: 'kernels.reduce.row_' selects 2 kernels: row_sum, row_max",
+        f"kiln {command}: 'norm' selects 2 kernels: layernorm, rmsnorm",
+    ]
+
+
+def test_the_selection_note_names_a_few_kernels_all_with_v_none_with_q(
+    project, capsys, monkeypatch
+):
+    monkeypatch.delenv("KILN_VERBOSITY", raising=False)
+    assert len(names(select(project, ["kernels."], command="test"))) == 8
+    note = capsys.readouterr().err
+    assert "'kernels.' selects 7 kernels (8 instances): gemm, gemm_bias_relu," in note
+    assert "and 2 more (-v lists them)" in note
+    monkeypatch.setenv("KILN_VERBOSITY", "2")
+    select(project, ["kernels."], command="test")
+    assert "attention" in capsys.readouterr().err
+    monkeypatch.setenv("KILN_VERBOSITY", "0")
+    select(project, ["kernels."], command="test")
+    assert capsys.readouterr().err == ""
 
 
 def test_no_match_names_the_kernels_and_the_nearest(project):
