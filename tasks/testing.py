@@ -152,7 +152,7 @@ def vacuous_check_warnings(project: Project, inst: KernelInstance, expected: lis
             found.append(
                 f"vacuous check: the oracle's output {index} {why} for these inputs, so "
                 f"matching it proves little; choose the arguments' values under `{where}` "
-                "in pipeline.yaml (docs/pipeline.md#inputs)"
+                f"in {project.pipeline_path.name} (docs/pipeline.md#inputs)"
             )
     return found
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -233,7 +234,8 @@ def test_doit_test_tasks_run_through_the_kiln_command(project):
     first = run_kiln(project, "test:vector_add.small@sim")  # doit's default command: run
     assert first.returncode == 0, first.stdout + first.stderr
     assert ran_tasks(first)[-1] == "test:vector_add.small@sim"
-    assert "compile:vector_add.small.edf" in ran_tasks(first)
+    # its compile ran first, however the build splits an instance into tasks
+    assert any(t.startswith("compile:vector_add.small") for t in ran_tasks(first)[:-1])
     saved = json.loads((project / OUT / "vector_add" / "small" / "test-sim.json").read_text())
     assert saved["status"] == "pass" and saved["kernel"] == "vector_add.small"
 
@@ -256,7 +258,7 @@ def test_a_skip_kiln_test_saved_never_makes_the_doit_test_task_up_to_date(projec
     assert run_kiln(project, "test", "vector_add.small", "--target", "board").returncode == 2
     assert (project / OUT / "vector_add/small/test-board.json").is_file()
     again = run_kiln(project, task, check=True).stdout
-    assert "0 ran, 5 up to date, 0 failed, 1 skipped (target unavailable)" in again
+    assert re.search(r"0 ran, \d+ up to date, 0 failed, 1 skipped \(target unavailable\)", again)
 
 
 def test_a_target_tolerance_in_the_pipeline_is_honoured(project):
@@ -316,3 +318,18 @@ def test_a_kernel_that_fails_only_on_the_host_is_an_error_at_its_line(tmp_path):
     )
     assert "PASS    fine.default @ sim" in proc.stdout
     assert "kiln test: 1 pass, 0 fail, 1 error, 0 skipped" in proc.stdout
+
+
+def test_a_doit_test_task_runs_again_when_its_inputs_change(project):
+    edit(project, "  vector_add:\n", "  vector_add:\n    inputs:\n      a: {positive: {}}\n")
+    task = "test:vector_add.small@sim"
+    assert task in ran_tasks(run_kiln(project, task, check=True))
+    assert ran_tasks(run_kiln(project, task, check=True)) == []
+    edit(project, "a: {positive: {}}", "a: {positive: {high: 8}}")
+    assert ran_tasks(run_kiln(project, task, check=True)) == [task]  # a new verdict, no build
+    (project / "data").mkdir()
+    np.save(project / "data" / "b.npy", np.ones(256, np.float32))
+    edit(project, "      a: {", "      b: {npy: data/b.npy}\n      a: {")
+    assert task in ran_tasks(run_kiln(project, task, check=True))
+    np.save(project / "data" / "b.npy", np.full(256, 2.0, np.float32))  # the file is a dep
+    assert ran_tasks(run_kiln(project, task, check=True)) == [task]
