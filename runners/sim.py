@@ -10,16 +10,20 @@ fails naming both. So is any access outside the memories.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
 
 import numpy as np
 from kiln.runners.base import KernelArtifacts, Runner, RunResult
+from kiln.runners.sim_exec import Step, bind, bind_template
+from kiln.runners.sim_plan import Plan, checked_plan, plan_of_program
 
-from kiln.errors import TargetError
-from kiln.ir.edf import EdfFile
-from kiln.ir.lir import Instr, ScheduledProgram, Slot
+from kiln.errors import ArtifactError, Location, TargetError
+from kiln.ir.edf import EdfFile, EdfFormatError, decode, gc_paused
+from kiln.ir.lir import Instr, Program, ScheduledProgram, Slot
 from kiln.ir.lir_exec import LirExecError, load_inputs, read_outputs
 
 
@@ -100,17 +104,60 @@ def bounds_errors(sp: ScheduledProgram) -> list[str]:
 
 @dataclass
 class SimBinary:
-    """A decoded, checked EDF bound to its own simulated memories, ready to run many times."""
+    """A checked binary bound to its own simulated memories, ready to run many times."""
 
-    edf: EdfFile
+    program: Program  # the signature: arguments and memories (its instrs may be empty)
+    metadata: str
     dram: np.ndarray
     sram: np.ndarray
-    steps: list  # one bound closure per instruction, in schedule order
+    steps: list[Step]  # one per instruction, in schedule order
+    count: int
+    makespan: int
+    busy: dict[str, int]  # cycles per unit
+    bound: str  # "columns" (bulk) or "objects" (one instruction at a time)
+    source: EdfFile | bytes | None = field(default=None, repr=False)
+
+    @property
+    def edf(self) -> EdfFile:
+        """The decoded binary (decoded now when it was prepared from bytes)."""
+        if isinstance(self.source, bytes):
+            self.source = decode(self.source)
+        assert self.source is not None
+        return self.source
 
     @staticmethod
     def load(edf: EdfFile) -> SimBinary:
-        from kiln.runners.sim_exec import bind
+        """Bind a decoded binary (no checks: ``SimRunner.prepare`` makes them)."""
+        plan = plan_of_program(edf.scheduled, edf.metadata)
+        if plan is None:
+            return SimBinary.load_objects(edf)
+        return SimBinary.bind(plan, edf)
 
+    @staticmethod
+    def bind(plan: Plan, source: EdfFile | bytes) -> SimBinary:
+        """Bind a plan to fresh memories: a step per instruction, template by template."""
+        cols = plan.cols
+        program = cols.program
+        dram = np.zeros(program.dram_bytes, dtype=np.uint8)
+        sram = np.zeros(program.sram_bytes, dtype=np.uint8)
+        steps: list[Step] = []
+        firsts = []
+        for t, fast in zip(cols.templates, plan.fast, strict=True):
+            bound = bind_template(t, fast, cols.generic, dram, sram)
+            firsts.append(bound[0])
+            steps += bound
+        if len(steps) > 1:
+            steps = list(itemgetter(*plan.gather)(steps))
+        binary = SimBinary(
+            program, cols.metadata, dram, sram, steps, plan.count, plan.makespan,
+            plan.busy, "columns", source,
+        )  # fmt: skip
+        binary.warm_up(firsts)
+        return binary
+
+    @staticmethod
+    def load_objects(edf: EdfFile) -> SimBinary:
+        """Bind instruction by instruction: what a binary the columns cannot take gets."""
         sp = edf.scheduled
         program = sp.program
         dram = np.zeros(program.dram_bytes, dtype=np.uint8)
@@ -122,23 +169,29 @@ class SimBinary:
             raise TargetError(
                 f"{program.kernel}: the simulator cannot run this binary: {exc}"
             ) from None
-        binary = SimBinary(edf, dram, sram, steps)
-        binary.warm_up([program.instrs[k].opcode for k in order])
+        busy: dict[str, int] = {}
+        for ins, slot in zip(program.instrs, sp.slots, strict=True):
+            busy[slot.unit] = busy.get(slot.unit, 0) + ins.latency
+        binary = SimBinary(
+            program, edf.metadata, dram, sram, steps, len(steps), sp.makespan, busy,
+            "objects", edf,
+        )  # fmt: skip
+        first: dict[str, Step] = {}
+        for k, step in zip(order, steps, strict=True):
+            first.setdefault(program.instrs[k].opcode, step)
+        binary.warm_up(list(first.values()))
         return binary
 
-    def warm_up(self, opcodes: list[str]) -> None:
-        """Run the first instruction of each opcode once, now, outside any timed run.
+    def warm_up(self, steps: list[Step]) -> None:
+        """Run the first instruction of each kind once, now, outside any timed run.
 
         An opcode's first call may do one-time work (a lazy import: ml_dtypes
         takes about half a second; numpy's first dispatch of a ufunc), which
         counted in the first run's sim_seconds, the host time spent executing.
         The memories are cleared again by every run.
         """
-        first: dict[str, Callable[[], None]] = {}
-        for opcode, step in zip(opcodes, self.steps, strict=True):
-            first.setdefault(opcode, step)
         with np.errstate(all="ignore"):
-            for step in first.values():
+            for step in steps:
                 try:
                     step()
                 except LirExecError:
@@ -151,7 +204,7 @@ class SimRunner(Runner):
     reproducible = True
 
     def prepare(self, artifacts: KernelArtifacts) -> SimBinary:
-        from kiln.inspect_edf import load_edf
+        from kiln.inspect_edf import artifact_error
 
         if artifacts.edf is None:
             raise TargetError(
@@ -159,11 +212,24 @@ class SimRunner(Runner):
                 "edf stage",
                 hint="end `stages:` with {name: edf, module: kiln.stages.edf}",
             )
-        from kiln.ir.edf import gc_paused
-
-        edf = load_edf(artifacts.edf)  # ArtifactError on a bad checksum or a truncated file
-        with gc_paused():  # thousands of long-lived views and closures: nothing to collect
-            self.check(edf.scheduled, str(artifacts.edf))
+        where = str(artifacts.edf)
+        try:
+            raw = Path(artifacts.edf).read_bytes()
+        except OSError as exc:
+            raise ArtifactError(
+                f"cannot read EDF file: {exc.strerror or exc}", location=Location(where)
+            ) from None
+        # thousands of long-lived views and steps: nothing for the cyclic GC to collect
+        with gc_paused():
+            try:
+                plan = checked_plan(raw, where)  # the same bytes prepared before: no work
+                if plan is not None:
+                    return SimBinary.bind(plan, raw)
+                # refused, unusual or unbindable: decode to objects, which say what is wrong
+                edf = decode(raw, where)
+            except EdfFormatError as exc:  # a bad checksum, a truncated file
+                raise artifact_error(exc, where) from None
+            self.check(edf.scheduled, where)
             return SimBinary.load(edf)
 
     def check(self, sp: ScheduledProgram, where: str) -> None:
@@ -182,7 +248,7 @@ class SimRunner(Runner):
     def run(self, prepared: SimBinary | EdfFile, inputs: list[np.ndarray]) -> RunResult:
         if isinstance(prepared, EdfFile):  # a decoded binary not bound yet
             prepared = SimBinary.load(prepared)
-        program = prepared.edf.scheduled.program
+        program = prepared.program
         prepared.dram.fill(0)
         prepared.sram.fill(0)
         try:
@@ -198,21 +264,17 @@ class SimRunner(Runner):
             raise TargetError(f"{program.kernel}: simulation failed: {exc}") from None
         elapsed = time.perf_counter() - start
         outputs = read_outputs(program, prepared.dram)
-        return RunResult(outputs, self.metrics(prepared.edf, elapsed))
+        return RunResult(outputs, self.metrics(prepared, elapsed))
 
-    def clock_mhz(self, edf: EdfFile) -> float:
+    def clock_mhz(self, prepared: SimBinary) -> float:
         """The clock of the machine the binary was compiled for (recorded in its metadata)."""
-        model = (edf.meta.get("machine") or {}).get("model") or self.machine or {}
+        meta = json.loads(prepared.metadata)
+        model = (meta.get("machine") or {}).get("model") or self.machine or {}
         return float(model.get("clock_mhz", 1000))
 
-    def metrics(self, edf: EdfFile, elapsed: float) -> dict:
-        sp = edf.scheduled
-        clock = self.clock_mhz(edf)
-        makespan = sp.makespan
-        busy: dict[str, int] = {}
-        for ins, slot in zip(sp.program.instrs, sp.slots, strict=True):
-            busy[slot.unit] = busy.get(slot.unit, 0) + ins.latency
-        n = len(sp.program.instrs)
+    def metrics(self, prepared: SimBinary, elapsed: float) -> dict:
+        clock = self.clock_mhz(prepared)
+        makespan, busy, n = prepared.makespan, prepared.busy, prepared.count
         metrics = {
             "cycles": makespan,
             "microseconds": makespan / clock,

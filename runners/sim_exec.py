@@ -1,24 +1,45 @@
 """Binding LIR instructions to memory once, so the simulator's inner loop is short.
 
 ``kiln.ir.lir_exec.execute`` decodes an instruction's operands into numpy
-views on every call. The simulator runs the same binary many times, so
-``bind`` builds those views once per prepared binary and returns a closure
-per instruction. Common f32/i32 opcodes get a direct numpy call writing
-into the destination view (``out=``); everything else calls the opcode's
-own semantics from ``lir_exec``, which is also what the fast paths must
-agree with (tests/runners/test_sim_exec.py checks both on every opcode).
+views on every call. The simulator runs the same binary many times, so it
+binds every instruction once per prepared binary: a step (a
+``functools.partial``, called with no arguments) per instruction. Common
+f32/i32 opcodes get a direct numpy call writing into the destination view;
+everything else calls the opcode's own semantics from ``lir_exec``, which
+is also what the fast paths must agree with (tests/runners/test_sim_exec.py
+checks both on every opcode).
+
+Binding works per *template* (``kiln.runners.sim_decode``: instructions
+that differ only in their addresses): which path runs, and the geometry of
+each operand's view, is decided once per template; the views of all its
+instructions are then rows of one strided "window" array over the memory
+(``window[addr // itemsize]``), a fraction of what building each view with
+``np.ndarray(...)`` costs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
+from operator import attrgetter, setitem
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
+from kiln.ir.interp import NUMPY_DTYPES
 from kiln.ir.lir import Instr
-from kiln.ir.lir_exec import apply, bind_operands
+from kiln.ir.lir_exec import OPCODES, apply, bind_operands
 
-Bound = Callable[[], None]
+if TYPE_CHECKING:
+    from kiln.runners.sim_decode import Operand, Template
+
+Step = Callable[[], None]
+# views of every row: the destination's, then one list per source
+Build = Callable[..., list[Step]]
 
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
@@ -44,76 +65,133 @@ _UNARY_F32 = {
     "round": np.rint,  # half to even, as np.round
 }
 _REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+# numpy 2.4 deprecates a positional ``out`` for these two (other ufuncs take it, cheaper)
+_OUT_BY_KEYWORD = (np.maximum, np.minimum)
 
 
-def _copy(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> Bound | None:
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """What a fast path needs to know of an operand: its type, and an immediate's value."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    const: np.ndarray | None = None  # immediates only
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Fast:
+    """A fast path for a template: how to build its steps, and a source to view reshaped."""
+
+    build: Build
+    reshape: dict[int, tuple[int, ...]]  # source index -> the shape its view takes
+
+
+Arg = Callable[[str], Any]
+
+
+def _copy(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
     (src,) = srcs
-    if src.dtype != dst.dtype or src.size != dst.size:
+    if src.dtype != dst.dtype or src.size != dst.size or src.const is not None:
         return None
-    if src.shape != dst.shape:  # same elements, other shape: only when a view can say it
-        src = src.view()
-        try:
-            src.shape = dst.shape
-        except AttributeError:
-            return None
-    return lambda: np.copyto(dst, src)
+    # same dtype and shape: an element copy, as np.copyto; setitem is the cheaper call
+    reshape = {} if src.shape == dst.shape else {0: dst.shape}
+    return Fast(lambda d, s: list(map(partial, repeat(setitem), d, repeat(Ellipsis), s)), reshape)
 
 
-def _fill(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> Bound | None:
-    value = srcs[0].astype(dst.dtype)
-    return lambda: dst.fill(value)
+def _fill(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
+    if srcs[0].const is None:  # a memory source: its value is known only when it runs
+        return None
+    value = srcs[0].const.astype(dst.dtype)
+    return Fast(lambda d, s: list(map(partial, map(attrgetter("fill"), d), repeat(value))), {})
 
 
-def _binary(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> Bound | None:
-    ufunc = _BINARY.get(instr.opcode)
-    if instr.opcode == "div" and dst.dtype == _F32:
+def _binary(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
+    ufunc = _BINARY.get(opcode)
+    if opcode == "div" and dst.dtype == _F32:
         ufunc = np.true_divide
     if ufunc is None or dst.dtype not in (_F32, _I32) or len(srcs) != 2:
         return None
     a, b = srcs
     if a.dtype != dst.dtype or b.dtype != dst.dtype:
         return None
-    if np.broadcast_shapes(a.shape, b.shape, dst.shape) != dst.shape:
+    try:
+        if np.broadcast_shapes(a.shape, b.shape, dst.shape) != dst.shape:
+            return None
+    except ValueError:
         return None
-    return lambda: ufunc(a, b, out=dst)
+    if ufunc in _OUT_BY_KEYWORD:
+        return Fast(
+            lambda d, a, b: [partial(ufunc, x, y, out=z) for x, y, z in zip(a, b, d, strict=False)],
+            {},
+        )
+    return Fast(lambda d, a, b: list(map(partial, repeat(ufunc), a, b, d)), {})
 
 
-def _unary(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> Bound | None:
-    ufunc = _UNARY_F32.get(instr.opcode)
+def _unary(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
+    ufunc = _UNARY_F32.get(opcode)
     if ufunc is None or dst.dtype != _F32 or len(srcs) != 1:
         return None
     (a,) = srcs
-    if a.dtype != _F32 or np.broadcast_shapes(a.shape, dst.shape) != dst.shape:
+    try:
+        if a.dtype != _F32 or np.broadcast_shapes(a.shape, dst.shape) != dst.shape:
+            return None
+    except ValueError:
         return None
-    return lambda: ufunc(a, out=dst)
+    return Fast(lambda d, a: list(map(partial, repeat(ufunc), a, d)), {})
 
 
-def _mma(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> Bound | None:
+def _mma_acc(a: np.ndarray, b: np.ndarray, dst: np.ndarray) -> None:
+    np.add(dst, np.matmul(a, b), out=dst)
+
+
+def _mma(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
+    if len(srcs) != 2:
+        return None
     a, b = srcs
-    if not (a.dtype == b.dtype == dst.dtype == _F32) or a.ndim != 2 or b.ndim != 2:
+    if not (a.dtype == b.dtype == dst.dtype == _F32) or len(a.shape) != 2 or len(b.shape) != 2:
         return None
-    if dst.shape != (a.shape[0], b.shape[1]):
+    if a.shape[1] != b.shape[0] or dst.shape != (a.shape[0], b.shape[1]):
         return None
-    if instr.arg("acc"):
-        return lambda: np.add(dst, np.matmul(a, b), out=dst)
-    return lambda: np.matmul(a, b, out=dst)
+    fn = _mma_acc if arg("acc") else np.matmul
+    return Fast(lambda d, a, b: list(map(partial, repeat(fn), a, b, d)), {})
 
 
-def _reduce(instr: Instr, dst: np.ndarray, srcs: list[np.ndarray]) -> Bound | None:
+def _reduce_acc(ufunc: np.ufunc, src: np.ndarray, axes: tuple, dst: np.ndarray) -> None:
+    ufunc(dst, ufunc.reduce(src, axes, None, None, True), out=dst)
+
+
+def _reduce(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
+    if len(srcs) != 1:
+        return None
     (src,) = srcs
-    if src.dtype != _F32 or dst.dtype != _F32:
+    if src.dtype != _F32 or dst.dtype != _F32 or src.const is not None:
         return None
-    ufunc = _REDUCE[instr.opcode]
-    axes = tuple(instr.arg("axes", ()))
+    ufunc = _REDUCE[opcode]
+    axes = tuple(arg("axes") or ())
+    if not all(type(a) is int and 0 <= a < len(src.shape) for a in axes):
+        return None
     kept = tuple(1 if i in axes else d for i, d in enumerate(src.shape))
     if kept != dst.shape:
         return None
-    if instr.arg("acc"):
-        return lambda: ufunc(dst, ufunc.reduce(src, axis=axes, keepdims=True), out=dst)
-    return lambda: ufunc.reduce(src, axis=axes, keepdims=True, out=dst)
+    if arg("acc"):
+        return Fast(
+            lambda d, s: list(map(partial, repeat(_reduce_acc), repeat(ufunc), s, repeat(axes), d)),
+            {},
+        )
+    reduce = ufunc.reduce  # (array, axis, dtype, out, keepdims): positional, the cheaper call
+    return Fast(
+        lambda d, s: list(
+            map(partial, repeat(reduce), s, repeat(axes), repeat(None), d, repeat(True))
+        ),
+        {},
+    )
 
 
-FAST: dict[str, Callable[[Instr, np.ndarray, list[np.ndarray]], Bound | None]] = {
+FAST: dict[str, Callable[[str, Arg, Spec, list[Spec]], Fast | None]] = {
     "load": _copy,
     "store": _copy,
     "fill": _fill,
@@ -124,15 +202,137 @@ FAST: dict[str, Callable[[Instr, np.ndarray, list[np.ndarray]], Bound | None]] =
 }
 
 
-def bind(instr: Instr, dram: np.ndarray, sram: np.ndarray) -> Bound:
-    """A closure that runs ``instr`` on these two memories (views built now, once)."""
+def _spec(op: Operand) -> Spec:
+    dtype = NUMPY_DTYPES[op.dtype]
+    if op.kind == "imm":
+        return Spec(dtype, (), np.asarray(op.value, dtype=dtype))
+    return Spec(dtype, op.shape)
+
+
+def _reshapable(op: Operand, shape: tuple[int, ...]) -> bool:
+    """Whether a view of ``op`` takes ``shape`` without a copy (same for every address)."""
+    dtype = NUMPY_DTYPES[op.dtype]
+    view = as_strided(np.zeros(1, dtype), op.shape, byte_strides(op, dtype))
+    try:
+        view.shape = shape
+    except AttributeError:
+        return False
+    return True
+
+
+def choose(t: Template) -> Fast | None:
+    """The fast path of a template, or None: it runs ``lir_exec``'s semantics."""
+    fast = FAST.get(t.opcode)
+    if fast is None or t.dst is None or t.dst.kind == "imm":
+        return None
+    chosen = fast(t.opcode, t.arg, _spec(t.dst), [_spec(s) for s in t.srcs])
+    if chosen is not None:
+        for k, shape in chosen.reshape.items():
+            if not _reshapable(t.srcs[k], shape):
+                return None
+    return chosen
+
+
+def runs_generically(t: Template) -> bool:
+    return choose(t) is None
+
+
+def byte_strides(op: Operand, dtype: np.dtype) -> tuple[int, ...]:
+    if op.strides is None:  # sram: row-major
+        out, acc = [], dtype.itemsize
+        for d in reversed(op.shape):
+            out.append(acc)
+            acc *= d
+        return tuple(reversed(out))
+    return tuple(s * dtype.itemsize for s in op.strides)
+
+
+def extent(op: Operand) -> int:
+    """Bytes from an operand's address to one past its last element (0: no elements)."""
+    dtype = NUMPY_DTYPES[op.dtype]
+    if math.prod(op.shape) == 0:
+        return 0
+    return sum((d - 1) * s for d, s in zip(op.shape, byte_strides(op, dtype), strict=True)) + (
+        dtype.itemsize
+    )
+
+
+def _views(op: Operand, addrs: np.ndarray, memory: np.ndarray, shape=None) -> list:
+    """The view of ``op`` at each address, as operand_array builds it (bounds checked before)."""
+    dtype = NUMPY_DTYPES[op.dtype]
+    if op.kind == "imm":
+        return [np.asarray(op.value, dtype=dtype)] * len(addrs)
+    strides = byte_strides(op, dtype)
+    if math.prod(op.shape) == 0:
+        return [np.zeros(op.shape, dtype=dtype) for _ in range(len(addrs))]
+    if shape is not None:  # the same elements viewed in another shape (a copy's source)
+        probe = as_strided(np.zeros(1, dtype), op.shape, strides)
+        probe.shape = shape
+        strides = probe.strides
+    else:
+        shape = op.shape
+    size = dtype.itemsize
+    span = extent(op)
+    aligned = addrs % size == 0
+    views: list = [None] * len(addrs)
+    if aligned.any():
+        # one array whose row i is the view at byte i * itemsize: a view per row is an index
+        rows = (memory.size - span) // size + 1
+        window = np.ndarray((rows, *shape), dtype, memory, 0, (size, *strides))
+        at = np.flatnonzero(aligned)
+        index = (addrs[at] // size).tolist()
+        keys = zip(index, repeat(Ellipsis)) if not shape else index  # 0-d: a view, not a scalar
+        for k, view in zip(at.tolist(), map(window.__getitem__, keys), strict=True):
+            views[k] = view
+    for k in np.flatnonzero(~aligned).tolist():
+        views[k] = np.ndarray(shape, dtype, memory, int(addrs[k]), strides)
+    return views
+
+
+def bind_template(
+    t: Template, fast: Fast | None, instrs: dict[int, Instr], dram: np.ndarray, sram: np.ndarray
+) -> list[Step]:
+    """One step per row of ``t``, in row order (operands checked in bounds beforehand)."""
+    memories = {"sram": sram, "dram": dram}
+    dst = _views(t.dst, t.addrs[:, 0], memories[t.dst.kind])
+    reshape = fast.reshape if fast is not None else {}
+    srcs = [
+        _views(s, t.addrs[:, k + 1], memories.get(s.kind), reshape.get(k))
+        for k, s in enumerate(t.srcs)
+    ]
+    if fast is not None:
+        return fast.build(dst, *srcs)
+    semantics = OPCODES[t.opcode]
+    rows = [instrs[k] for k in t.rows.tolist()]
+    src_lists = list(map(list, zip(*srcs, strict=False))) if srcs else [[] for _ in rows]
+    return list(map(partial, repeat(apply), repeat(semantics), rows, dst, src_lists))
+
+
+def bind(instr: Instr, dram: np.ndarray, sram: np.ndarray) -> Step:
+    """A step that runs one ``instr`` on these two memories (views built now, once)."""
     semantics, dst, srcs = bind_operands(instr, dram, sram)
+    kinds = [s[0] for s in instr.arg("srcs", ())]
+    specs = [
+        Spec(v.dtype, v.shape, v if kind == "imm" else None)
+        for v, kind in zip(srcs, kinds, strict=True)
+    ]
     fast = FAST.get(instr.opcode)
-    bound = fast(instr, dst, srcs) if fast is not None else None
-    if bound is not None:
-        return bound
+    chosen = fast(instr.opcode, instr.arg, Spec(dst.dtype, dst.shape), specs) if fast else None
+    if chosen is not None:
+        views = list(srcs)
+        for k, shape in chosen.reshape.items():
+            view = views[k].view()
+            try:
+                view.shape = shape
+            except AttributeError:
+                chosen = None
+                break
+            views[k] = view
+        if chosen is not None:
+            return chosen.build([dst], *([v] for v in views))[0]
+    return partial(apply, semantics, instr, dst, srcs)
 
-    def generic() -> None:
-        apply(semantics, instr, dst, srcs)
 
-    return generic
+def run_steps(steps: Sequence[Step]) -> None:
+    for step in steps:
+        step()

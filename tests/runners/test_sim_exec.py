@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kiln.runners.sim import SimBinary, SimRunner
+from kiln.runners.sim_decode import columns_of
 from kiln.runners.sim_exec import FAST, bind
 
 import kernels.elementwise as elementwise
@@ -12,7 +13,7 @@ import kernels.linalg as linalg
 import kernels.normalization as normalization
 import kernels.reductions as reductions
 from kiln.inputs import random_inputs
-from kiln.ir.lir_exec import run_program
+from kiln.ir.lir_exec import apply, run_program
 from kiln.lang import trace
 from tests.runners.test_sim import compile_graph, machine
 
@@ -49,13 +50,26 @@ def test_bound_execution_is_bitwise_equal_to_the_reference_executor(
 def test_fast_paths_cover_the_common_opcodes_and_are_used():
     graph = trace(normalization.layernorm, {"R": 16, "C": 64}, "f32")
     edf = compile_graph(graph, machine())
+    cols = columns_of(edf.scheduled)
+    generic = {t.opcode for t, fast in zip(cols.templates, cols.fast, strict=True) if not fast}
+    assert {"load", "store", "mma", "add", "sum", "max"} <= set(FAST)
+    # everything layernorm needs in f32 except rsqrt runs on a fast path
+    assert generic <= {"rsqrt"}, generic
+    assert SimBinary.load(edf).bound == "columns"
+
+
+def test_one_instruction_binds_to_what_its_template_binds():
+    """``bind`` (one Instr) takes the same path as the template its instruction is in."""
+    graph = trace(normalization.layernorm, {"R": 16, "C": 64}, "f32")
+    edf = compile_graph(graph, machine())
     program = edf.scheduled.program
     dram = np.zeros(program.dram_bytes, np.uint8)
     sram = np.zeros(program.sram_bytes, np.uint8)
-    generic = [i.opcode for i in program.instrs if bind(i, dram, sram).__name__ == "generic"]
-    assert {"load", "store", "mma", "add", "sum", "max"} <= set(FAST)
-    # everything layernorm needs in f32 except rsqrt runs on a fast path
-    assert set(generic) <= {"rsqrt"}, generic
+    cols = columns_of(edf.scheduled)
+    for t, fast in zip(cols.templates, cols.fast, strict=True):
+        for k in t.rows.tolist():
+            step = bind(program.instrs[k], dram, sram)
+            assert (step.func is apply) == (fast is None), program.instrs[k]
 
 
 def test_a_binary_runs_many_times_with_fresh_memory():
