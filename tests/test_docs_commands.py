@@ -179,7 +179,7 @@ def example(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     ignore = shutil.ignore_patterns("__pycache__", "build", ".kiln", ".doit.db*")
     for name in ("pipeline.yaml", "dodo.py"):
         shutil.copy2(REPO / name, base / name)
-    for name in ("kernels", "apps"):
+    for name in ("kernels", "apps", "docs/examples"):  # docs/examples: small projects of docs
         shutil.copytree(REPO / name, base / name, ignore=ignore)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     env.update(
