@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ def _stored(array):
 def save_outputs(outputs: list[tuple[str, Any]], directory: str | os.PathLike[str]) -> list[Path]:
     """Write each ``(name, value)`` as ``directory/<name>.npy`` plus ``outputs.json``.
 
-    Each file is written atomically; returns the paths of the .npy files.
+    A character a file name should not hold becomes ``_`` (an app's nested
+    output ``stats.mean[0]``); ``outputs.json`` keeps the name as given, and
+    ``load_outputs`` returns it. Each file is written atomically; returns
+    the paths of the .npy files.
     """
     import numpy as np
 
@@ -50,7 +54,7 @@ def save_outputs(outputs: list[tuple[str, Any]], directory: str | os.PathLike[st
         stored, dtype = _stored(array)
         buffer = io.BytesIO()
         np.save(buffer, stored, allow_pickle=False)
-        path = directory / f"{name}.npy"
+        path = directory / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".npy")  # an app's "a/b"
         write_bytes_atomic(path, buffer.getvalue())
         written.append(path)
         entries.append(

@@ -339,3 +339,10 @@ def test_junit_carries_the_warning_and_strict_makes_it_a_failure(tmp_path):
     assert "all zeros" in ok.find("system-err").text
     assert "--strict" in strict.find("failure").get("message")
     assert "all zeros" in strict.find("failure").text
+
+
+def test_an_apps_output_names_become_file_names_and_come_back_as_given(tmp_path):
+    written = save_outputs([("stats.mean[0]", np.ones(2)), ("a/b", 3)], tmp_path)
+    assert [p.name for p in written] == ["stats.mean_0_.npy", "a_b.npy"]
+    loaded = load_outputs(tmp_path)
+    assert list(loaded) == ["stats.mean[0]", "a/b"] and loaded["a/b"] == 3
