@@ -113,12 +113,24 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _ready_targets(project, targets, *, asked, checks, command, device=0, quiet=False):
+    """Every target checked once, before any build (kiln/target_check.py)."""
+    from kiln.logconfig import verbosity
+    from kiln.target_check import ready_targets
+
+    quiet = quiet or verbosity() == 0
+    return ready_targets(
+        project, targets, asked=asked, checks=checks, command=command, device=device, quiet=quiet
+    )
+
+
 def cmd_run(args) -> int:
     from kiln.tasks.running import run_kernel
 
     project = _project()
     args.filters = [args.name]
     chosen = _select(project, args, "run", apps=True)
+    _ready_targets(project, [args.target], asked=True, checks=None, command="run")
     if chosen.app is not None:
         from kiln.tasks.apps import run_app
 
@@ -143,6 +155,16 @@ def cmd_test(args) -> int:
         check_output("--junit", junit)
     project = _project()
     chosen = _select(project, args, "test", apps=True)
+    from kiln.tasks.testing import default_targets
+
+    args.unavailable = _ready_targets(
+        project,
+        args.target or default_targets(project),
+        asked=bool(args.target),
+        checks=None if chosen.app is not None else len(chosen.instances),
+        command="test",
+        quiet=chosen.app is not None,  # an app's tests say which targets they skipped
+    )
     with _locked(project), writing("--junit", junit) if junit is not None else nullcontext():
         if chosen.app is not None:
             from kiln.tasks.app_tests import test_app
@@ -168,6 +190,14 @@ def cmd_bench(args) -> int:
         from kiln.tasks.benching import instances_at_shape
 
         instances = instances_at_shape(project, instances, args.shape)
+    _ready_targets(
+        project,
+        args.target,
+        asked=True,
+        checks=len(instances),
+        command="bench",
+        device=args.device,
+    )
     with _locked(project):
         return run_bench(project, instances, args)
 

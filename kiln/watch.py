@@ -217,6 +217,18 @@ def _stop_on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _check_target(target: str) -> None:
+    """An unknown --target, or one that cannot run here, stops the watch before round one."""
+    from kiln.target_check import ready_targets
+    from kiln.tasks.project import Project
+
+    try:
+        project = Project.find()
+    except KilnError:  # a broken pipeline: the first round says so, and the watch goes on
+        return
+    ready_targets(project, [target], asked=True, checks=None, command="watch", quiet=True)
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     """`kiln watch`: Ctrl-C, or SIGTERM (a terminal closed, `kill`), ends it with exit 0."""
     from kiln.tasks.project import find_pipeline
@@ -227,6 +239,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
             expected="--debounce MS with MS >= 0",
             found=str(args.debounce),
         )
+    if args.target:
+        _check_target(args.target)
     watcher = Watcher(
         find_pipeline(),
         args.filters,

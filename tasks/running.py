@@ -66,20 +66,33 @@ def instance_input_specs(project: Project, inst: KernelInstance) -> dict:
     return spec.input_specs(inst.shape_set)
 
 
+def target_names(project: Project) -> list[str]:
+    """Every name ``--target`` takes: pipeline.yaml's targets (Kiln's built-in ones
+    included), then each runner kind no target is named after (``iree``, ``npu``)."""
+    from kiln.pipeline import BUILTIN_RUNNERS
+
+    names = [t.name for t in project.pipeline.targets]
+    return names + [kind for kind in BUILTIN_RUNNERS if kind not in names]
+
+
 def make_runner(project: Project, target: str):
     """Instantiate the runner of a pipeline target (or a bare runner kind like `cpu`)."""
     from kiln.runners.base import load_runner_class
 
-    names = [t.name for t in project.pipeline.targets]
+    from kiln.pipeline import BUILTIN_RUNNERS
+    from kiln.pipeline.yamlpos import did_you_mean
+
     spec = next((t for t in project.pipeline.targets if t.name == target), None)
     if spec is None:
-        if target in ("cpu", "sim", "iree", "npu"):
+        if target in BUILTIN_RUNNERS:
             return load_runner_class(target)(machine=project.machine())
+        names = target_names(project)
         raise TargetError(
             f"unknown target {target!r}",
             expected="one of: " + ", ".join(names),
             found=target,
-            hint="targets are declared under `targets:` in pipeline.yaml",
+            hint=did_you_mean(target, names)
+            or "targets are declared under `targets:` in pipeline.yaml",
         )
     from kiln.cache.config import resolve_cache_config
 

@@ -218,6 +218,12 @@ def build_error_report(inst: KernelInstance, target: str, seed: int, why: str) -
     }
 
 
+def skipped_report(inst: KernelInstance, target: str, seed: int, why: str) -> dict:
+    """The report of a check that did not run: its target cannot run here."""
+    report = {"kernel": inst.name, "path": inst.source.path, "target": target, "seed": seed}
+    return {**report, "status": "skipped", "reason": why}
+
+
 def run_tests(project: Project, instances: list, args) -> int:
     from kiln.tasks.results import save_test_report
     from kiln.tasks.running import build_each
@@ -225,10 +231,15 @@ def run_tests(project: Project, instances: list, args) -> int:
     from kiln.fsutil import write_bytes_atomic
 
     targets = args.target or default_targets(project)
-    for t in targets:
-        from kiln.tasks.running import make_runner
+    # the targets that cannot run here, found before the build (kiln/target_check.py)
+    # and said once there: each of their checks is a skip, recorded but not printed
+    unavailable = getattr(args, "unavailable", None) or {}
+    if not unavailable:
+        for t in targets:
+            from kiln.tasks.running import make_runner
 
-        make_runner(project, t)  # unknown target: error before building anything
+            make_runner(project, t)  # unknown target: error before building anything
+    runnable = [t for t in targets if t not in unavailable]
     # every instance that builds is tested; one that does not is an error of each target
     unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
     from kiln.logconfig import verbosity
@@ -237,13 +248,15 @@ def run_tests(project: Project, instances: list, args) -> int:
     reports = []
     for inst in instances:
         if inst.name in unbuilt:
-            found = [build_error_report(inst, t, args.seed, unbuilt[inst.name]) for t in targets]
+            found = [build_error_report(inst, t, args.seed, unbuilt[inst.name]) for t in runnable]
         else:
-            found = check_instance(project, inst, targets, args.seed)
+            found = check_instance(project, inst, runnable, args.seed)
             if getattr(args, "strict", False):
                 found = [strict_verdict(r) for r in found]
+        found += [skipped_report(inst, t, args.seed, why) for t, why in unavailable.items()]
         for report in found:
-            if not (quiet and report["status"] in ("pass", "skipped")):
+            said = report["status"] == "skipped" and report["target"] in unavailable
+            if not said and not (quiet and report["status"] in ("pass", "skipped")):
                 print(format_report(report), flush=True)
             reports.append(report)
             save_test_report(inst.out_dir, report)  # the last result, for `kiln view`

@@ -292,3 +292,86 @@ def test_where_one_kernel_is_needed_a_substring_of_several_stops_with_them(two_o
     assert not (two_of_a_kind / "build/kiln/kernel/relu_nn").exists()  # nothing was built
     rc, out, err = kiln(two_of_a_kind, argv[0], "relu_nn", *argv[2:])  # an exact name wins
     assert rc == 0, out + err
+
+
+# -- 6, 7. one list of targets, one check of every target before any work ------------------
+
+BOARD = "  board: {runner: npu}\n"  # an npu target: no hardware plugin is installed here
+
+
+def with_board(project: Path) -> Path:
+    text = (project / "pipeline.yaml").read_text()
+    (project / "pipeline.yaml").write_text(text + BOARD)
+    return project
+
+
+def built_nothing(out: str, err: str) -> bool:
+    return "tasks:" not in out + err and "PASS" not in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["test", "--target", "iree-gpu"],
+        ["run", "scale_add.small", "--target", "iree-gpu"],
+        ["bench", "scale_add", "--target", "sim", "--target", "iree-gpu"],
+        ["watch", "--target", "iree-gpu"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_an_unknown_target_lists_every_name_and_stops_before_any_build(project, argv):
+    (project / "kernels/example.py").touch()  # stale: a build would show in the output
+    rc, out, err = kiln(project, *argv)
+    assert rc == 2 and built_nothing(out, err), out + err
+    assert "unknown target 'iree-gpu'" in err
+    assert "one of: cpu, sim, iree-cpu, iree-cuda, iree, npu" in err  # all that --target takes
+    assert "did you mean 'iree-cpu'?" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["test", "--target", "sim", "--target", "board"],
+        ["run", "scale_add.small", "--target", "board"],
+        ["bench", "scale_add", "--target", "sim", "--target", "board"],
+        ["watch", "--target", "board"],
+    ],
+    ids=lambda a: a[0],
+)
+def test_an_asked_for_target_that_cannot_run_here_stops_before_any_build(project, argv):
+    with_board(project)
+    (project / "kernels/example.py").touch()
+    rc, out, err = kiln(project, *argv)
+    assert rc == 2 and built_nothing(out, err), out + err
+    assert "--target board was asked for, but it cannot run here: no hardware runner plugin" in err
+    assert "SKIPPED" not in out and "Traceback" not in err
+
+
+def test_every_asked_target_that_cannot_run_gets_one_line_with_its_reason(project):
+    with_board(project)
+    rc, out, err = kiln(project, "test", "--target", "board", "--target", "npu")
+    assert rc == 2 and built_nothing(out, err)
+    assert "2 targets asked for with --target cannot run here" in err
+    assert "note: board: no hardware runner plugin" in err
+    assert "note: npu: no hardware runner plugin" in err
+    assert "nothing was built or run (2 checks per target)" in err
+
+
+def test_a_pipeline_target_that_cannot_run_is_one_skip_line_not_one_per_instance(project):
+    with_board(project)
+    rc, out, err = kiln(project, "test")
+    assert rc == 0, out + err
+    lines = out.splitlines()
+    assert lines[0].startswith("SKIPPED board (2 checks not run): no hardware runner plugin")
+    assert sum("board" in line for line in lines) == 1, out
+    assert "PASS    scale_add.small @ sim" in out
+    assert "kiln test: 2 pass, 0 fail, 0 error, 2 skipped" in out
+    report = json.loads((project / "build/kiln/kernel/test-report.json").read_text())
+    assert sorted(
+        (r["kernel"], r["status"]) for r in report["reports"] if r["target"] == "board"
+    ) == [
+        ("scale_add.large", "skipped"),
+        ("scale_add.small", "skipped"),
+    ]
+    rc, out, err = kiln(project, "-q", "test")
+    assert "SKIPPED" not in out and "2 skipped" in out

@@ -255,7 +255,8 @@ def test_a_skip_kiln_test_saved_never_makes_the_doit_test_task_up_to_date(projec
     task = "test:vector_add.small@board"
     assert "1 skipped (target unavailable)" in run_kiln(project, task, check=True).stdout
     # kiln test keeps its skip in test-board.json, the file the doit task writes on a pass
-    assert run_kiln(project, "test", "vector_add.small", "--target", "board").returncode == 2
+    # (a target of pipeline.yaml: asked for with --target, it would stop before any check)
+    assert run_kiln(project, "test", "vector_add.small").returncode == 0
     assert (project / OUT / "vector_add/small/test-board.json").is_file()
     again = run_kiln(project, task, check=True).stdout
     assert re.search(r"0 ran, \d+ up to date, 0 failed, 1 skipped \(target unavailable\)", again)
