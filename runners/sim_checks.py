@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from kiln.runners.sim_decode import SPACE_CODES, Columns
+from kiln.runners.sim_decode import Columns
 from kiln.runners.sim_exec import extent
+from kiln.runners.sim_templates import SPACE_CODES
 
 from kiln.ir.interp import NUMPY_DTYPES
 from kiln.ir.lir_exec import OPCODES
@@ -41,9 +42,8 @@ def schedule_ok(cols: Columns) -> bool:
         return False  # unit-exists
     kinds: dict[str, int] = {}
     slot_kind = np.array([kinds.setdefault(u.rstrip(_DIGITS), len(kinds)) for u in names] or [0])
-    own = {u: kinds.setdefault(u.rstrip(_DIGITS), len(kinds)) for u in set(cols.units)}
-    instr_kind = np.fromiter(map(own.__getitem__, cols.units), np.int64, n)
-    if n and not np.array_equal(slot_kind[cols.slot_unit_index], instr_kind):
+    own = np.array([kinds.setdefault(u.rstrip(_DIGITS), len(kinds)) for u in cols.unit_names])
+    if n and not np.array_equal(slot_kind[cols.slot_unit_index], own[cols.unit]):
         return False  # unit-kind
     if not np.array_equal(end - start, cols.latency) or (n and start.min() < 0):
         return False  # latency, start

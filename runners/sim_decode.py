@@ -22,13 +22,12 @@ import dataclasses
 import json
 import struct
 from dataclasses import dataclass
-from itertools import chain, repeat
-from operator import getitem, itemgetter
-from typing import Any
+from itertools import chain, count
 
 import msgpack
 import numpy as np
-from kiln.runners.sim_exec import Fast, choose
+from kiln.runners.sim_exec import Fast
+from kiln.runners.sim_templates import SPACE_CODES, NotColumnar, Template, Templates, need, only
 
 from kiln.ir.edf import (
     ALIGN,
@@ -41,45 +40,11 @@ from kiln.ir.edf import (
     Layout,
     canonical_json,
 )
-from kiln.ir.lir import ArgSlot, Instr, Program, ScheduledProgram, instr_from_obj, instr_to_obj
+from kiln.ir.lir import ArgSlot, Instr, Program, ScheduledProgram, instr_to_obj
 
-SPACE_CODES = {"sram": 0, "dram": 1}
 SLOT_DTYPE = np.dtype([("instr", "<u4"), ("unit", "<u4"), ("start", "<i8"), ("end", "<i8")])
 assert SLOT_DTYPE.itemsize == SLOT.size
-_TAIL = slice(2, None)  # an operand without its kind and address: (dtype, shape[, strides])
-
-
-class NotColumnar(ValueError):
-    """The binary is not in the canonical form the columnar path reads."""
-
-
-@dataclass(frozen=True, slots=True)
-class Operand:
-    """One operand of a template: what every instruction of it shares (not the address)."""
-
-    kind: str  # sram | dram | imm
-    dtype: str
-    shape: tuple[int, ...] = ()
-    strides: tuple[int, ...] | None = None  # elements; None for sram (row-major)
-    value: Any = None  # imm only
-
-
-@dataclass(frozen=True)
-class Template:
-    """Instructions with one opcode and the same operands and arguments but for addresses."""
-
-    opcode: str
-    extra: tuple[tuple[str, Any], ...]  # args other than dst/srcs, sorted by key
-    dst: Operand | None
-    srcs: tuple[Operand, ...]
-    rows: np.ndarray  # positions in the instruction list
-    addrs: np.ndarray  # (len(rows), 1 + len(srcs)) byte addresses, 0 for an immediate
-
-    def arg(self, name: str, default: Any = None) -> Any:
-        for key, value in self.extra:
-            if key == name:
-                return value
-        return default
+CHUNK = 512  # rows decoded and put in columns at a time: their objects stay in the CPU cache
 
 
 @dataclass(frozen=True)
@@ -88,8 +53,8 @@ class Columns:
 
     program: Program  # the signature: args, memories, units (instrs left empty)
     metadata: str  # canonical JSON
-    units: tuple[str, ...]  # per instruction, its own unit field
-    opcodes: tuple[str, ...]
+    unit_names: tuple[str, ...]  # the distinct unit fields of the instructions
+    unit: np.ndarray  # per instruction, its unit field as an index into unit_names
     latency: np.ndarray  # int64 per instruction
     acc_ptr: np.ndarray  # accesses of instruction k: [acc_ptr[k], acc_ptr[k + 1])
     acc_space: np.ndarray  # SPACE_CODES, -1 for any other space
@@ -109,21 +74,12 @@ class Columns:
 
     @property
     def count(self) -> int:
-        return len(self.opcodes)
-
-
-def _need(ok: bool, what: str) -> None:
-    if not ok:
-        raise NotColumnar(what)
-
-
-def _only(values, *types: type) -> None:
-    """Every value has exactly one of ``types`` (bool is not an int here)."""
-    _need(set(map(type, values)) <= set(types), f"values of types {types}")
+        return len(self.latency)
 
 
 def _ints(values) -> np.ndarray:
-    _only(values, int)
+    values = tuple(values)
+    only(values, int)
     return np.array(values, dtype=np.int64) if values else np.zeros(0, np.int64)
 
 
@@ -139,11 +95,24 @@ def decode_columns(raw: bytes, layout: Layout) -> Columns:
 
     program = _signature(section(SIGNATURE))
     meta = json.loads(section(METADATA).decode("ascii"))
-    _need(isinstance(meta, dict), "metadata is an object")
-    slots = _schedule(section(SCHEDULE))
-    rows = msgpack.unpackb(section(INSTRUCTIONS), raw=False, use_list=False, strict_map_key=False)
-    _need(type(rows) is tuple, "an instruction list")
-    return _columns(program, canonical_json(meta), rows, *slots)
+    need(isinstance(meta, dict), "metadata is an object")
+    table, units, _ = _schedule(section(SCHEDULE))
+    data = section(INSTRUCTIONS)
+    unpacker = msgpack.Unpacker(
+        raw=False, use_list=False, strict_map_key=False, max_buffer_size=max(len(data), 1)
+    )
+    unpacker.feed(data)
+    n = unpacker.read_array_header()
+    need(n == len(table), "one slot per instruction")
+    builder = _Builder()
+    for offset in range(0, n, CHUNK):
+        rows = tuple([unpacker.unpack() for _ in range(min(CHUNK, n - offset))])
+        builder.add(rows, offset)
+    try:
+        unpacker.unpack()
+    except msgpack.OutOfData:
+        return builder.finish(program, canonical_json(meta), table, units)
+    raise NotColumnar("bytes after the instruction list")
 
 
 def _signature(data: bytes) -> Program:
@@ -176,20 +145,25 @@ def _schedule(data: bytes) -> tuple[np.ndarray, tuple[str, ...], str]:
         units.append(data[at + 2 : at + 2 + length].decode("utf-8"))
         at += 2 + length
     at = (at + ALIGN - 1) // ALIGN * ALIGN
-    _need(len(data) == at + count * SLOT.size, "slot table size")
+    need(len(data) == at + count * SLOT.size, "slot table size")
     table = np.frombuffer(data, dtype=SLOT_DTYPE, count=count, offset=at)
-    _need(count == 0 or int(table["unit"].max()) < nunits, "slot unit index")
+    need(count == 0 or int(table["unit"].max()) < nunits, "slot unit index")
     return table, tuple(units), policy
 
 
 def columns_of(sp: ScheduledProgram, metadata: str = "{}") -> Columns:
     """Columns of decoded objects (``SimBinary.load`` of an ``EdfFile``), same checks."""
-    rows = tuple(_row(instr_to_obj(i)) for i in sp.program.instrs)
     units = sorted({s.unit for s in sp.slots})
     index = {u: n for n, u in enumerate(units)}
-    table = np.array([(s.instr, index[s.unit], s.start, s.end) for s in sp.slots], dtype=SLOT_DTYPE)
+    slots = [(s.instr, index[s.unit], s.start, s.end) for s in sp.slots]
+    table = np.array(slots, dtype=SLOT_DTYPE)
+    instrs = sp.program.instrs
+    need(len(instrs) == len(table), "one slot per instruction")
+    builder = _Builder()
+    for offset in range(0, len(instrs), CHUNK):
+        builder.add(tuple(_row(instr_to_obj(i)) for i in instrs[offset : offset + CHUNK]), offset)
     program = dataclasses.replace(sp.program, instrs=())
-    return _columns(program, metadata, rows, table, tuple(units), sp.policy)
+    return builder.finish(program, metadata, table, tuple(units))
 
 
 def _row(obj: list) -> tuple:
@@ -212,267 +186,107 @@ def _row(obj: list) -> tuple:
 # --------------------------------------------------------------------------- instructions
 
 
-def _columns(program, metadata, rows, table, slot_units, policy) -> Columns:
-    del policy  # checked by the decoder; the simulator does not use it
-    n = len(rows)
-    _need(len(table) == n, "one slot per instruction")
-    _need(not n or set(map(len, rows)) == {10}, "ten fields per instruction")
-    cols = list(zip(*rows, strict=False)) if n else [()] * 10
-    ids, units, opcodes, reads, writes, nbytes, latency, deps, args, text = cols
-    _need(ids == tuple(range(n)), "dense instruction ids")
-    _only(units, str)
-    _only(opcodes, str)
-    _only(text, str)
-    _only(nbytes, int)
-    acc = _accesses(reads, writes)
-    dep_ptr, dep_src = _deps(deps)
-    templates, fast, generic_rows = _templates(opcodes, args)
-    generic = {k: _instr(rows[k]) for k in generic_rows}
-    return Columns(
-        program=program,
-        metadata=metadata,
-        units=units,
-        opcodes=opcodes,
-        latency=_ints(latency),
-        **acc,
-        dep_ptr=dep_ptr,
-        dep_src=dep_src,
-        slot_instr=table["instr"].astype(np.int64),
-        slot_unit=slot_units,
-        slot_unit_index=table["unit"].astype(np.int64),
-        slot_start=table["start"].astype(np.int64),
-        slot_end=table["end"].astype(np.int64),
-        templates=templates,
-        fast=fast,
-        generic=generic,
-    )
+class _Builder:
+    """Columns made a chunk of rows at a time, joined by ``finish``."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.ids = count()  # first-seen numbers: sparse codes, made dense at the end
+        self.unit_codes: dict[str, int] = {}
+        self.units: list[np.ndarray] = []
+        self.latency: list[np.ndarray] = []
+        self.acc: list[tuple] = []
+        self.deps: list[tuple] = []
+        self.templates = Templates()
+
+    def add(self, rows: tuple, offset: int) -> None:
+        m = len(rows)
+        only(rows, tuple)  # of ten fields each: the strict zip says so
+        ids, units, opcodes, reads, writes, nbytes, latency, deps, args, _ = zip(*rows, strict=True)
+        need(ids == tuple(range(offset, offset + m)), "dense instruction ids")
+        only(units, str)
+        only(opcodes, str)
+        only(nbytes, int)
+        codes = map(self.unit_codes.setdefault, units, self.ids)
+        self.units.append(np.fromiter(codes, np.int64, m))
+        self.latency.append(_ints(latency))
+        self.acc.append(_accesses(reads, writes))
+        self.deps.append(_deps(deps))
+        self.templates.add(rows, opcodes, args, offset)
+        self.n += m
+
+    def finish(self, program: Program, metadata: str, table, slot_units) -> Columns:
+        need(self.n == len(table), "one slot per instruction")
+        names = tuple(self.unit_codes)
+        dense = np.zeros(max(self.unit_codes.values(), default=0) + 1, np.int64)
+        dense[list(self.unit_codes.values())] = np.arange(len(names))
+        unit = _cat(self.units)
+        templates, fast = self.templates.finish()
+        counts = [len(part[1]) for part in self.acc]  # accesses per chunk
+        acc_ptr = _join_ptr([part[0] for part in self.acc], counts)
+        dep_ptr = _join_ptr([part[0] for part in self.deps], [len(p[1]) for p in self.deps])
+        return Columns(
+            program=program,
+            metadata=metadata,
+            unit_names=names,
+            unit=dense[unit] if len(unit) else unit,
+            latency=_cat(self.latency),
+            acc_ptr=acc_ptr,
+            acc_space=_cat([part[1] for part in self.acc]),
+            acc_addr=_cat([part[2] for part in self.acc]),
+            acc_end=_cat([part[3] for part in self.acc]),
+            acc_write=_cat([part[4] for part in self.acc], bool),
+            dep_ptr=dep_ptr,
+            dep_src=_cat([part[1] for part in self.deps]),
+            slot_instr=table["instr"].astype(np.int64),
+            slot_unit=slot_units,
+            slot_unit_index=table["unit"].astype(np.int64),
+            slot_start=table["start"].astype(np.int64),
+            slot_end=table["end"].astype(np.int64),
+            templates=templates,
+            fast=fast,
+            generic=self.templates.generic,
+        )
 
 
-def _instr(row: tuple) -> Instr:
-    return instr_from_obj(row)
+def _cat(parts: list[np.ndarray], dtype=np.int64) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
-def _ptr(groups) -> np.ndarray:
-    counts = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
+def _join_ptr(ptrs: list[np.ndarray], counts: list[int]) -> np.ndarray:
+    """Per-chunk offsets (each from 0) as one offset array over all rows."""
+    if not ptrs:
+        return np.zeros(1, np.int64)
+    base = np.cumsum([0, *counts[:-1]])
+    return np.concatenate([ptrs[0][:1]] + [p[1:] + b for p, b in zip(ptrs, base, strict=True)])
+
+
+def _ptr(groups: tuple) -> np.ndarray:
     ptr = np.zeros(len(groups) + 1, dtype=np.int64)
-    np.cumsum(counts, out=ptr[1:])
+    np.cumsum(np.fromiter(map(len, groups), np.int64, len(groups)), out=ptr[1:])
     return ptr
 
 
-def _accesses(reads: tuple, writes: tuple) -> dict[str, np.ndarray]:
-    """Reads then writes of each instruction, flattened; ``acc_ptr`` delimits them."""
-    _only(reads, tuple)
-    _only(writes, tuple)
-    both = tuple(map(tuple.__add__, reads, writes))
+def _accesses(reads: tuple, writes: tuple) -> tuple[np.ndarray, ...]:
+    """(ptr, space, addr, end, is-write): reads then writes of each instruction, flattened."""
+    both = tuple(map(tuple.__add__, reads, writes))  # TypeError unless both are tuples
     flat = tuple(chain.from_iterable(both))
-    _only(flat, tuple)
-    _need(not flat or set(map(len, flat)) == {3}, "accesses of three fields")
-    spaces, addrs, sizes = zip(*flat, strict=False) if flat else ((), (), ())
-    _only(spaces, str)
+    # a strict zip: three fields each; anything but (str, int, int) fails a type check below
+    spaces, addrs, sizes = zip(*flat, strict=True) if flat else ((), (), ())
+    only(spaces, str)
     addr = _ints(addrs)
     ptr = _ptr(both)
-    nreads = np.fromiter(map(len, reads), dtype=np.int64, count=len(reads))
+    nreads = np.fromiter(map(len, reads), np.int64, len(reads))
     owner = np.repeat(np.arange(len(both)), np.diff(ptr))
     lookup = {s: SPACE_CODES.get(s, -1) for s in set(spaces)}
-    return {
-        "acc_ptr": ptr,
-        "acc_space": np.fromiter(map(lookup.__getitem__, spaces), np.int64, len(spaces)),
-        "acc_addr": addr,
-        "acc_end": addr + _ints(sizes),
-        "acc_write": np.arange(len(flat)) >= (ptr[:-1] + nreads)[owner],
-    }
+    space = np.fromiter(map(lookup.__getitem__, spaces), np.int64, len(spaces))
+    write = np.arange(len(flat)) >= (ptr[:-1] + nreads)[owner]
+    return ptr, space, addr, addr + _ints(sizes), write
 
 
 def _deps(deps: tuple) -> tuple[np.ndarray, np.ndarray]:
-    _only(deps, tuple)
+    only(deps, tuple)
     flat = tuple(chain.from_iterable(deps))
-    _only(flat, tuple)
-    _need(not flat or set(map(len, flat)) == {2}, "dependencies of two fields")
-    srcs, kinds = zip(*flat, strict=False) if flat else ((), ())
-    _only(kinds, str)
+    srcs, kinds = zip(*flat, strict=True) if flat else ((), ())
+    only(kinds, str)
     return _ptr(deps), _ints(srcs)
-
-
-def _templates(opcodes: tuple, args: tuple) -> tuple[tuple[Template, ...], tuple, list[int]]:
-    """Group instructions by everything but their addresses; each one's fast path (None:
-    it runs generically) and the rows that run generically.
-
-    Each row's key is built column by column (``zip`` over the rows of one
-    opcode) rather than instruction by instruction; an irregular group (arg
-    names differing between rows of one opcode) is keyed row by row.
-    """
-    _only(args, tuple)
-    n = len(opcodes)
-    keys: list = [None] * n
-    addrs: list = [None] * n
-    by_op: dict[str, list[int]] = {}
-    for k, op in enumerate(opcodes):
-        by_op.setdefault(op, []).append(k)
-    for op, rows in by_op.items():
-        group = itemgetter(*rows)(args) if len(rows) > 1 else (args[rows[0]],)
-        try:
-            gkeys, gaddrs = _group_keys(op, group)
-        except _Irregular:
-            gkeys, gaddrs = zip(*(_row_key(op, a) for a in group), strict=False)
-        for k, key, addr in zip(rows, gkeys, gaddrs, strict=True):
-            keys[k] = key
-            addrs[k] = addr
-    index: dict = {}
-    ids = np.fromiter((index.setdefault(key, len(index)) for key in keys), np.int64, n)
-    order = np.argsort(ids, kind="stable")
-    bounds = np.searchsorted(ids[order], np.arange(len(index) + 1))
-    templates, fast, generic = [], [], []
-    for t, key in enumerate(index):
-        rows = order[bounds[t] : bounds[t + 1]]
-        template = _template(key, rows, np.array([addrs[k] for k in rows.tolist()], np.int64))
-        templates.append(template)
-        fast.append(choose(template))
-        if fast[-1] is None:
-            generic.extend(rows.tolist())
-    return tuple(templates), tuple(fast), generic
-
-
-class _Irregular(Exception):
-    """A group whose rows do not share one argument layout: key it row by row."""
-
-
-def _plain(values) -> None:
-    """Ints, strings and tuples of them only, at any depth: values whose equality is identity.
-
-    Keys merge rows into one template, so ``1`` and ``1.0`` or ``True`` (equal
-    and hashed alike) must not meet there.
-    """
-    level = values
-    while level:
-        types = set(map(type, level))
-        _need(types <= {int, str, tuple}, "ints, strings and tuples")
-        if tuple not in types:
-            return
-        level = tuple(chain.from_iterable(v for v in level if type(v) is tuple))
-
-
-def _group_keys(op: str, group: tuple) -> tuple[list, list]:
-    if len(set(map(len, group))) != 1:
-        raise _Irregular
-    names, parts, addr_cols = [], [], []
-    for col in zip(*group, strict=False):
-        _only(col, tuple)
-        _need(set(map(len, col)) == {2}, "(key, value) arguments")
-        ks, vs = zip(*col, strict=False)
-        _only(ks, str)
-        if len(set(ks)) != 1:
-            raise _Irregular
-        name = ks[0]
-        if name == "dst":
-            key, addr = _operand_col(vs)
-            names.append(name)
-            parts.append(key)
-            addr_cols.append(addr)
-        elif name == "srcs":
-            _only(vs, tuple)
-            if len(set(map(len, vs))) != 1:
-                raise _Irregular
-            names.append(f"srcs:{len(vs[0])}")
-            for operands in zip(*vs, strict=False):
-                key, addr = _operand_col(operands)
-                parts.append(key)
-                addr_cols.append(addr)
-        else:
-            _plain(vs)
-            names.append(name)
-            parts.append(vs)
-    head = (op, tuple(names))
-    return list(zip(repeat(head), *parts)), list(zip(*addr_cols, strict=False)) or [()] * len(group)
-
-
-def _operand_col(ops: tuple) -> tuple[list, tuple]:
-    """Per operand, its key (the operand less its address) and its address (0: immediate)."""
-    _only(ops, tuple)
-    kinds = tuple(map(itemgetter(0), ops))
-    if "imm" in kinds:
-        return [_operand_key(o) for o in ops], tuple(_operand_addr(o) for o in ops)
-    addrs = tuple(map(itemgetter(1), ops))
-    _only(addrs, int)
-    tails = tuple(map(getitem, ops, repeat(_TAIL)))
-    _plain(tails)
-    return list(zip(kinds, tails, strict=False)), addrs
-
-
-def _operand_key(o: tuple) -> tuple:
-    if o[0] != "imm":
-        _plain((o[2:],))
-        return (o[0], o[2:])
-    _need(len(o) == 3 and type(o[1]) in (int, float), "an immediate (value, dtype)")
-    # repr tells -0.0 from 0.0 and 1 from 1.0, which compare equal
-    return ("imm", o[1], o[2], repr(o[1]))
-
-
-def _operand_addr(o: tuple) -> int:
-    if o[0] == "imm":
-        return 0
-    _need(type(o[1]) is int, "an int address")
-    return o[1]
-
-
-def _row_key(op: str, args: tuple) -> tuple[tuple, tuple]:
-    """The key ``_group_keys`` gives, for one row."""
-    names, parts, addrs = [], [], []
-    for pair in args:
-        _need(type(pair) is tuple and len(pair) == 2, "(key, value) arguments")
-        name, value = pair
-        _need(type(name) is str, "argument names")
-        if name == "dst":
-            _need(type(value) is tuple, "an operand")
-            names.append(name)
-            parts.append(_operand_key(value))
-            addrs.append(_operand_addr(value))
-        elif name == "srcs":
-            _need(type(value) is tuple and set(map(type, value)) <= {tuple}, "operands")
-            names.append(f"srcs:{len(value)}")
-            parts.extend(map(_operand_key, value))
-            addrs.extend(map(_operand_addr, value))
-        else:
-            _plain((value,))
-            names.append(name)
-            parts.append(value)
-    return ((op, tuple(names)), *parts), tuple(addrs)
-
-
-def _template(key: tuple, rows: np.ndarray, addrs: np.ndarray) -> Template:
-    (opcode, names), *parts = key
-    extra, dst, srcs = [], None, ()
-    at = 0
-    for name in names:
-        if name == "dst":
-            dst = _operand(parts[at])
-            at += 1
-        elif name.startswith("srcs:"):
-            count = int(name[5:])
-            srcs = tuple(_operand(p) for p in parts[at : at + count])
-            at += count
-        else:
-            extra.append((name, parts[at]))
-            at += 1
-    if len(rows) and addrs.ndim == 1:
-        addrs = addrs.reshape(len(rows), -1)
-    return Template(opcode, tuple(extra), dst, srcs, rows, addrs)
-
-
-def _operand(key: tuple) -> Operand:
-    """An operand key back to its parts; NotColumnar when it is not one Kiln writes."""
-    kind = key[0]
-    if kind == "imm":
-        _need(type(key[2]) is str, "an immediate's dtype")
-        return Operand("imm", key[2], value=key[1])
-    tail = key[1]
-    _need(kind in SPACE_CODES, "a known operand kind")
-    _need(len(tail) == (2 if kind == "sram" else 3), f"a {kind} operand")
-    dtype, shape = tail[0], tail[1]
-    _need(type(dtype) is str and type(shape) is tuple, "dtype and shape")
-    _only(shape, int)
-    strides = None
-    if kind == "dram":
-        strides = tail[2]
-        _need(type(strides) is tuple and len(strides) == len(shape), "strides per dim")
-        _only(strides, int)
-    return Operand(kind, dtype, shape, strides)

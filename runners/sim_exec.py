@@ -35,7 +35,7 @@ from kiln.ir.lir import Instr
 from kiln.ir.lir_exec import OPCODES, apply, bind_operands
 
 if TYPE_CHECKING:
-    from kiln.runners.sim_decode import Operand, Template
+    from kiln.runners.sim_templates import Operand, Template
 
 Step = Callable[[], None]
 # views of every row: the destination's, then one list per source
@@ -274,18 +274,19 @@ def _views(op: Operand, addrs: np.ndarray, memory: np.ndarray, shape=None) -> li
     size = dtype.itemsize
     span = extent(op)
     aligned = addrs % size == 0
+    # one array whose row i is the view at byte i * itemsize: a row's view is an index
+    rows = (memory.size - span) // size + 1
+    window = np.ndarray((rows, *shape), dtype, memory, 0, (size, *strides))
+    get = window.__getitem__
+    if aligned.all():  # the usual case: every view an index, no Python code per view
+        index = (addrs // size).tolist()
+        return list(map(get, zip(index, repeat(Ellipsis)) if not shape else index))
     views: list = [None] * len(addrs)
-    if aligned.any():
-        # one array whose row i is the view at byte i * itemsize: a view per row is an index
-        rows = (memory.size - span) // size + 1
-        window = np.ndarray((rows, *shape), dtype, memory, 0, (size, *strides))
-        at = np.flatnonzero(aligned)
-        index = (addrs[at] // size).tolist()
-        keys = zip(index, repeat(Ellipsis)) if not shape else index  # 0-d: a view, not a scalar
-        for k, view in zip(at.tolist(), map(window.__getitem__, keys), strict=True):
-            views[k] = view
-    for k in np.flatnonzero(~aligned).tolist():
-        views[k] = np.ndarray(shape, dtype, memory, int(addrs[k]), strides)
+    for k, addr in enumerate(addrs.tolist()):
+        if addr % size:
+            views[k] = np.ndarray(shape, dtype, memory, addr, strides)
+        else:  # 0-d: an Ellipsis makes it a view, not a scalar
+            views[k] = get((addr // size, Ellipsis) if not shape else addr // size)
     return views
 
 
