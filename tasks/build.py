@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from kiln.tasks.importpath import add_project_root
 from kiln.tasks.instance_spec import ExecutorSettings
 from kiln.tasks.loader import KilnLoader, doit_command, lock_for_command
 from kiln.tasks.lock import release
+from kiln.tasks.migrate import old_task_name
 from kiln.tasks.project import KernelInstance, Project
 
 from kiln.errors import KilnError
@@ -35,6 +37,7 @@ def run_doit(
     and ``groups`` (task basenames) limit the tasks loaded to those the
     command line can need.
     """
+    argv = [_instance_task(arg) for arg in argv]
     loader = KilnLoader(project, instances, fail_fast=fail_fast, groups=groups)
     if doit_command(argv) is None:
         return KilnDoitMain(loader).run(argv)
@@ -44,6 +47,19 @@ def run_doit(
     finally:
         if locked:
             release(loader.project.state_dir)
+
+
+def _instance_task(arg: str) -> str:
+    """An old per-stage task name is its instance's task now (with a note)."""
+    new = old_task_name(arg)
+    if new is None:
+        return arg
+    print(
+        f"kiln: note: {arg} is {new} now: an instance's stages build as one task "
+        "(ask for a dump to see one stage's output)",
+        file=sys.stderr,
+    )
+    return new
 
 
 def start_executor(project: Project) -> ExecutorSettings | None:

@@ -221,6 +221,10 @@ class Discovery:
         return sorted(set(seen.values()))
 
     def _project_file(self, module: str) -> Path | None:
+        if module.split(".")[0] == "kiln":
+            # Kiln itself (a checkout of it may be the project's root): the compiler, tracked
+            # by the stage code digest, never a kernel source to ship to a worker
+            return None
         rel = Path(*module.split("."))
         for candidate in (self.root / rel.with_suffix(".py"), self.root / rel / "__init__.py"):
             if candidate.is_file():

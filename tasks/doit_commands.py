@@ -29,21 +29,19 @@ def check_task_name(name: str, names: list[str], lister: str = "kiln list --all"
     raise InvalidCommand(f"'{name}' is not a task.{hint}")
 
 
-_DOIT_INFO = Info._execute
-
-
-def _checked_info(self, pos_args, hide_status=False):
-    if len(pos_args) == 1:
-        lister = "doit list --all" if self.bin_name == "doit" else "kiln list --all"
-        check_task_name(pos_args[0], [t.name for t in self.task_list], lister)
-    return _DOIT_INFO(self, pos_args, hide_status=hide_status)
-
-
 class KilnInfo(Info):
-    """`info TASK`: doit's, with an unknown task as one line instead of a KeyError."""
+    """`info TASK`: doit's, with an unknown task as one line instead of a KeyError.
+
+    Plain `doit` in a project gets it from ``[tool.doit.plugins.command]``.
+    """
 
     name = "info"
-    _execute = _checked_info
+
+    def _execute(self, pos_args, hide_status=False):
+        if len(pos_args) == 1:
+            lister = "doit list --all" if self.bin_name == "doit" else "kiln list --all"
+            check_task_name(pos_args[0], [t.name for t in self.task_list], lister)
+        return super()._execute(pos_args, hide_status=hide_status)
 
 
 class KilnDumpDB(DoitCmdBase):
@@ -84,15 +82,3 @@ class KilnDoitMain(DoitMain):
         {"info": KilnInfo, "dumpdb": KilnDumpDB}.get(cmd.get_name(), cmd)
         for cmd in DoitMain.DOIT_CMDS
     )
-
-    def __init__(self, task_loader=None, **kwargs):
-        from kiln.tasks.dep_db import BACKEND_PLUGIN
-
-        # Kiln's sqlite3 backend: the same file, read in one query (tasks/dep_db.py)
-        super().__init__(task_loader, extra_config=BACKEND_PLUGIN, **kwargs)
-
-
-def patch_plain_doit() -> None:
-    """Under plain `doit` (dodo.py), doit made its commands before dodo.py is imported:
-    give its `info` the task-name check (`dumpdb` does not import dodo.py at all)."""
-    Info._execute = _checked_info  # type: ignore[method-assign]

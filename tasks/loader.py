@@ -13,6 +13,7 @@ from doit.loader import generate_tasks
 from kiln.tasks import ahead
 from kiln.tasks.compile import compile_tasks
 from kiln.tasks.lock import acquire
+from kiln.tasks.migrate import forget_stage_tasks
 from kiln.tasks.project import Project
 from kiln.tasks.workers import prepare_workers
 
@@ -34,6 +35,7 @@ def doit_config(project: Project, *, fail_fast: bool = False) -> dict:
 
     project.state_dir.mkdir(parents=True, exist_ok=True)
     ensure_sound_db(project.dep_file)
+    forget_stage_tasks(str(project.dep_file), str(project.state_dir))
     check = project.pipeline.cache_check
     fail_fast = fail_fast or fail_fast_requested()
     return {
@@ -170,15 +172,12 @@ def dodo_namespace(start: Path | None = None) -> dict:
     a problem with the project is printed as Kiln's one message instead,
     and the process exits 2, as `kiln compile` does.
     """
-    from kiln.tasks.doit_commands import patch_plain_doit
-
     from kiln.brokenpipe import guard_stdout
     from kiln.interrupts import note_interrupts, quiet_interrupt_traceback
 
     guard_stdout()
     quiet_interrupt_traceback()
     note_interrupts()
-    patch_plain_doit()
     with exit_on_user_error():
         setup_logging()  # a bad KILN_LOG_FILE is one message here too
         verbosity()  # a bad KILN_VERBOSITY is one message here, not the reporter's traceback

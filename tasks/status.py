@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from doit.dependency import Dependency, SqliteDB
 from doit.loader import generate_tasks
-from kiln.tasks.compile import compile_tasks
+from kiln.tasks.compile import compile_tasks, instance_spec
 from kiln.tasks.digest import read_stamp
 from kiln.tasks.project import KernelInstance, Project
 
@@ -15,6 +15,7 @@ PART_NAMES = {
     "stage_source": "stage module source changed",
     "kernel": "kernel function, shapes or dtypes changed",
     "dumps": "requested dumps changed",
+    "tuning": "tuning record changed",
 }
 
 
@@ -32,35 +33,25 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
 
     tasks = generate_tasks("compile", compile_tasks(project, instances))
     by_name = {t.name: t for t in tasks}
-    producers = {t: task.name for task in tasks for t in task.targets}
     failed_tasks = {
         entry["task"]: entry.get("diagnostic")
         for entry in read_failures(project.state_dir).values()
         if isinstance(entry, dict) and isinstance(entry.get("task"), str)
     }
     results = []
-    pending: set[str] = set()
-    blocked: set[str] = set()  # never built because a task they need failed
+    stages = [stage.name for stage in project.pipeline.stages]
     for task in tasks:
         if not task.actions:
             continue
         status = dep.get_status(task, by_name, get_log=True)
         reasons = _reasons(dep, task, status, str(project.state_dir / "config"))
-        upstream = [producers[f] for f in task.file_dep if f in producers]
         if reasons and task.name in failed_tasks:
             reasons = [_failed_reason(failed_tasks[task.name])]
-        elif reasons and reasons[0] == "never built":
-            broken = [u for u in upstream if u in failed_tasks or u in blocked]
-            if broken:
-                reasons = [f"not built: its input {broken[0]} failed at the last build"]
-                blocked.add(task.name)
-        if not reasons and any(u in pending for u in upstream):
-            reasons = [
-                f"may run: its input is rebuilt by {', '.join(upstream)} "
-                "(skipped if the bytes come out the same)"
-            ]
         if reasons:
-            pending.add(task.name)
+            reasons.append(
+                f"starts at stage {_start_stage(dep, task, status, stages)}"
+                + (" (may stop early)" if len(stages) > 1 else "")
+            )
         results.append((task.name, reasons))
     dep.close()
     return results
@@ -87,7 +78,7 @@ def _failed_reason(diagnostic) -> str:
 def _reasons(dep: Dependency, task, status, stamp_dir: str) -> list[str]:
     if status.status == "up-to-date":
         return []
-    if dep._get(task.name, "deps:") is None:
+    if not dep.get_values(task.name):  # a compile action always saves values
         return ["never built"]
     reasons = status.reasons
     is_stamp = lambda path: path.startswith(stamp_dir)  # noqa: E731
@@ -122,3 +113,50 @@ def _config_changes(old_stamps: list[str], new_stamps: list[str]) -> list[str]:
         return ["configuration changed"]
     changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     return [PART_NAMES.get(k, f"{k} changed") for k in changed] or ["configuration changed"]
+
+
+def _start_stage(dep: Dependency, task, status, stages: list[str]) -> str:
+    """The first stage the chain will run: what changed decides it (never later than a
+    missing artifact's stage)."""
+    reasons = status.reasons
+    if not dep.get_values(task.name) or reasons.get("changed_file_dep"):
+        return stages[0]  # a kernel source changed (a stamp never changes, it is replaced)
+    first = len(stages)
+    spec = instance_spec(task)
+    owner = {}
+    if spec is not None:
+        for i, stage in enumerate(spec.chain.stages):
+            for rel in (stage.artifact, *(path for _, path in stage.dumps)):
+                owner[f"{spec.out_dir}/{rel}"] = i
+    for target in reasons.get("missing_target", []):
+        first = min(first, owner.get(target, 0))
+    added = [p for p in reasons.get("added_file_dep", []) if "/config/" in p]
+    removed = [p for p in reasons.get("removed_file_dep", []) if "/config/" in p]
+    old = read_stamp(removed[0]) if removed else None
+    new = read_stamp(added[0]) if added else None
+    if added:
+        if old is None or new is None:
+            return stages[0]
+        for part in sorted(set(old) | set(new)):
+            if old.get(part) == new.get(part):
+                continue
+            _, _, stage = part.partition(".")
+            if stage in stages:
+                first = min(first, stages.index(stage))
+            elif part == "dumps":
+                first = min(first, _first_dump_stage(old.get(part), new.get(part), stages))
+            elif part == "tuning":
+                first = min(first, 1 if len(stages) > 1 else 0)
+            else:
+                first = 0
+    if first >= len(stages):
+        return stages[0]
+    return stages[first]
+
+
+def _first_dump_stage(old, new, stages: list[str]) -> int:
+    # the stamp holds only the dumps' digest: the earliest stage that owns any dump
+    from kiln.tasks.compile import DUMP_FILES
+
+    owners = {stage for stage, _ in DUMP_FILES.values()}
+    return min((i for i, s in enumerate(stages) if s in owners), default=0)

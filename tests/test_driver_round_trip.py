@@ -1,4 +1,4 @@
-"""tasks/chain_worker.py: a chain built on a Dask worker writes a local build's bytes.
+"""kiln/driver.py: a chain handed IR from stage to stage writes the bytes of one that decodes.
 
 A local build decodes every stage's input from the artifact before it; the
 worker hands a stage's IR to the next as it is, wherever the stage that

@@ -23,26 +23,6 @@ def fake_project(tmp_path, kind: str) -> SimpleNamespace:
     )
 
 
-def test_a_first_build_starts_its_cluster_at_once_a_later_one_when_needed(tmp_path, monkeypatch):
-    from kiln.tasks import remote_exec
-    from kiln.tasks.build import start_executor
-
-    monkeypatch.delenv("KILN_EXECUTOR", raising=False)
-    monkeypatch.delenv("KILN_SCHEDULER", raising=False)
-    started, allowed = [], []
-    monkeypatch.setattr(remote_exec, "prestart", lambda executor, modules: started.append(modules))
-    monkeypatch.setattr(remote_exec, "allow_start", allowed.append)
-    project = fake_project(tmp_path, "dask")
-    assert start_executor(project)["kind"] == "dask"
-    assert started == [["kiln.stages.trace"]]  # no record of a build: started now
-    project.dep_file.parent.mkdir()
-    project.dep_file.write_bytes(b"")
-    assert start_executor(project)["kind"] == "dask"  # the executor, still
-    assert started == [["kiln.stages.trace"]]  # built before: not started now ...
-    assert [executor["kind"] for executor in allowed] == ["dask"]  # ... but when needed
-    assert start_executor(fake_project(tmp_path, "local")) is None
-
-
 def test_a_dask_build_with_nothing_to_do_never_contacts_the_scheduler(tmp_path):
     project = tmp_path / "p"
     shutil.copytree(REPO / "kernels", project / "kernels", ignore=shutil.ignore_patterns("__py*"))

@@ -7,8 +7,8 @@ import json
 
 from doit.exceptions import TaskFailed, UnmetDependency
 from doit.task import Task
-from kiln.tasks.actions import failure
 from kiln.tasks.reporter import KilnReporter, last_run_failures
+from kiln.tasks.task_failure import failure
 
 from kiln.errors import KilnError, Location
 
@@ -118,16 +118,3 @@ def test_tasks_after_a_failure_are_counted_not_reported_again(monkeypatch, capsy
     assert not_run == ["compile:k.small.visa", "compile:k.small.lir"]
 
 
-def test_a_task_the_build_process_runs_itself_under_n_is_listed_once(monkeypatch):
-    monkeypatch.setenv("KILN_MESSAGE_FORMAT", "human")
-    out = io.StringIO()
-    r = KilnReporter(out, {})
-    here, there = task("compile:a.small.trace"), task("compile:b.small.trace")
-    r.initialize({t.name: t for t in (here, there)}, [here.name, there.name])
-    r.execute_task(here)  # doit's in-process run reports the start...
-    r.task_ran(here, 1.0, 2.0, 0)  # ...and the -n runner its times afterwards
-    r.task_ran(there, 1.5, 2.5, 1)  # a worker's task: heard of once, with its times
-    lines = out.getvalue().splitlines()
-    assert lines.count(". compile:a.small.trace") == 1
-    assert lines.count(". compile:b.small.trace") == 1
-    assert r.started[here.name] == 1.0 and r.workers == {here.name: 0, there.name: 1}
