@@ -21,7 +21,7 @@ import hashlib
 import importlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -441,3 +441,22 @@ def _dumps(module, spec: StageSpec, out, machine: dict) -> dict[str, bytes]:
             elif target.is_file():
                 found[path] = target.read_bytes()
     return found
+
+
+def lower(
+    ir,
+    steps: Sequence[tuple[str, Mapping[str, Any]]],
+    machine: dict,
+    *,
+    verify: bool = True,
+) -> Any:
+    """Run stages (module, options) on an IR in memory: the tuner's trials, problems,
+    benchmarks. The stages of a build go through ``run_chain``; both run a stage here
+    (``Stage.run``), and options are checked the same way. Raises KilnError."""
+    for module_name, options in steps:
+        stage = Stage.load(module_name)
+        name = module_name.rsplit(".", 1)[-1]
+        ir, _ = stage.run(ir, build_options(stage.module.Options, dict(options), name), machine)
+        if verify:
+            stage.module.verify(ir, machine)
+    return ir

@@ -307,15 +307,11 @@ def make_kernel(name: str, body: Callable, shapes: list[tuple[int, ...]]):
 
 def compile_for_sim(graph, machine: dict):
     """graph -> decoded EDF through every stage with default options (as `kiln compile`)."""
-    from kiln.stages import edf, lir, schedule, visa
-
+    from kiln.driver import lower
     from kiln.ir.edf import decode, encode
 
-    ir = graph
-    for stage in (visa, lir, schedule, edf):
-        ir = stage.run(ir, stage.Options(), machine)
-        stage.verify(ir, machine)
-    return decode(encode(ir))
+    steps = [(f"kiln.stages.{name}", {}) for name in ("visa", "lir", "schedule", "edf")]
+    return decode(encode(lower(graph, steps, machine)))
 
 
 def run_problem_bench(argv: list[str]) -> int:

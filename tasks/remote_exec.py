@@ -12,12 +12,15 @@ be reached, or is lost mid-build, is one warning: the rest builds here.
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import logging
 import socket
 import threading
 import time
 from concurrent.futures import Future
 
+from kiln.tasks.digest import stage_module_info
 from kiln.tasks.executor import DISTRIBUTED_HINT, scheduler_host_port
 from kiln.tasks.instance_spec import ExecutorSettings
 from kiln.tasks.local_cluster import local_client
@@ -153,3 +156,29 @@ def quiet_dask_logs() -> None:
 
 
 _NOISY = ("distributed", "tornado")
+
+
+STALE_WORKERS_HINT = (
+    "install the same Kiln version on the workers (or restart them after an upgrade)"
+)
+_tuning_clients: list[DaskExecutor] = []
+
+
+def dask_client(executor: dict):
+    """A Client for ``kiln tune``'s trials (closed when the process exits)."""
+    settings = ExecutorSettings(
+        kind="dask",
+        workers=executor.get("workers") or 1,
+        address=executor.get("address"),
+        source=executor.get("source") or "",
+    )
+    started = DaskExecutor(settings)
+    if not _tuning_clients:
+        atexit.register(lambda: [e.close() for e in _tuning_clients])
+    _tuning_clients.append(started)
+    return started.client
+
+
+def kiln_code_digest(modules: list[str]) -> str:
+    """One digest of the stage modules' code: a worker with another refuses to run trials."""
+    return hashlib.sha256("|".join(stage_module_info(m)[0] for m in modules).encode()).hexdigest()

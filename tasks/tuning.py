@@ -255,24 +255,24 @@ def tuning_client(project: Project):
 def verify_candidate(project: Project, inst: KernelInstance, graph, chosen: dict) -> str | None:
     """Compile ``chosen`` through every stage with verification, run it on the simulator
     against the oracle; None when it passes, else the reason."""
-    from kiln.options import build_options
+    from kiln.driver import lower
 
-    ir = graph
     machine = project.kernel_machine(inst.kernel)
+    stages = project.pipeline.stages[1:]
+    steps = [
+        (
+            s.module,
+            {**project.pipeline.stage_options(inst.kernel, s.name), **chosen.get(s.name, {})},
+        )
+        for s in stages
+    ]
     try:
         with tempfile.TemporaryDirectory(prefix="kiln-tune-") as tmp:
             edf_path = None
-            for stage in project.pipeline.stages[1:]:
-                module = importlib.import_module(stage.module)
-                base = project.pipeline.stage_options(inst.kernel, stage.name)
-                options = build_options(
-                    module.Options, {**base, **chosen.get(stage.name, {})}, stage.name
-                )
-                ir = module.run(ir, options, machine)
-                module.verify(ir, machine)
-                if stage.name == "edf":
-                    edf_path = Path(tmp) / "kernel.edf"
-                    edf_path.write_bytes(module.serialize(ir))
+            ir = lower(graph, steps, machine)
+            if stages and stages[-1].name == "edf":
+                edf_path = Path(tmp) / "kernel.edf"
+                edf_path.write_bytes(importlib.import_module(stages[-1].module).serialize(ir))
             if edf_path is None:
                 return None  # nothing to simulate: the stages' own verifiers passed
             return _simulate(project, inst, graph, edf_path, Path(tmp))

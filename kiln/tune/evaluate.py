@@ -7,7 +7,6 @@ option out of range) comes back as a rejection with its reason.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +31,13 @@ class Context:
 
 def compile_to_schedule(context: Context, chosen: dict[str, dict[str, Any]], verify: bool):
     """The ScheduledProgram of ``context.graph`` with ``chosen`` options over the base ones."""
-    from kiln.options import build_options
+    from kiln.driver import lower
 
-    ir = context.graph
+    steps = []
     for name, module_name, base in context.stages:
-        module = importlib.import_module(module_name)
-        options = build_options(module.Options, {**base, **chosen.get(name, {})}, name)
-        ir = module.run(ir, options, context.machine)
-        if verify:
-            module.verify(ir, context.machine)
+        steps.append((module_name, {**base, **chosen.get(name, {})}))
         if name == "schedule":
-            return ir
+            return lower(context.graph, steps, context.machine, verify=verify)
     raise KilnError("the pipeline has no schedule stage, so there is no makespan to tune")
 
 
