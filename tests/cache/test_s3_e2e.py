@@ -24,7 +24,9 @@ pytest.importorskip("s3fs", reason="the S3 cache needs kiln[distributed]")
 pytest.importorskip("moto.server", reason="the S3 tests need moto[server]")
 boto3 = pytest.importorskip("boto3")
 
-TASKS = 20
+INSTANCES = 4  # vector_add, softmax, gemm.small, gemm.wide
+TASKS = INSTANCES  # one compile task (one cache entry) per instance: its whole chain
+STAGES = 5
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -104,10 +106,7 @@ def test_build_through_s3_then_clean_clone_fetches_everything(s3_server, tmp_pat
     proc = run_kiln(fresh, "compile", env=dict(env, KILN_LOG_INFO="1"), check=True)
     assert f"({TASKS} fetched, 0 compiled)" in proc.stdout, proc.stderr
     assert artifacts(fresh) == artifacts(origin)
-    # S3 answers slowly enough that the clone fetched ahead (tasks/prefetch.py): every
-    # action landed in the local store, and no walk failed
-    assert "chains ahead on" in proc.stderr
-    assert "could not fetch ahead" not in proc.stderr
+    # every chain's entry fetched landed in the local store
     local_actions = [p for p in (fresh / ".cache" / "store" / "ac").glob("*/*") if p.is_file()]
     assert len(local_actions) == TASKS
     again = run_kiln(fresh, "compile", env=env, check=True)
@@ -138,7 +137,7 @@ def test_s3_server_killed_mid_upload_build_completes_with_one_warning(s3_server,
     assert err.count("warning") == 1 and "unavailable" in err, err
     assert "Traceback" not in err
     names = {"graph.json", "kernel.visa", "kernel.lir", "kernel.sched", "kernel.edf"}
-    assert len([p for p in artifacts(project) if Path(p).name in names]) == TASKS
+    assert len([p for p in artifacts(project) if Path(p).name in names]) == INSTANCES * STAGES
 
 
 def test_a_misspelt_bucket_is_one_warning_not_a_silently_empty_cache(s3_server, tmp_path):
