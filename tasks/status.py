@@ -112,14 +112,26 @@ def _config_changes(old_stamps: list[str], new_stamps: list[str]) -> list[str]:
     if old is None or new is None:
         return ["configuration changed"]
     changed = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    return [PART_NAMES.get(k, f"{k} changed") for k in changed] or ["configuration changed"]
+    return [_part_name(k) for k in changed] or ["configuration changed"]
+
+
+def _part_name(part: str) -> str:
+    kind, _, stage = part.partition(".")
+    text = PART_NAMES.get(kind, f"{part} changed")
+    return f"{text} ({stage})" if stage else text
 
 
 def _start_stage(dep: Dependency, task, status, stages: list[str]) -> str:
     """The first stage the chain will run: what changed decides it (never later than a
     missing artifact's stage)."""
     reasons = status.reasons
-    if not dep.get_values(task.name) or reasons.get("changed_file_dep"):
+    added_deps = set(reasons.get("added_file_dep", []))
+    sources_changed = [
+        p
+        for p in reasons.get("changed_file_dep", [])
+        if p not in added_deps and "/config/" not in p
+    ]
+    if not dep.get_values(task.name) or sources_changed:
         return stages[0]  # a kernel source changed (a stamp never changes, it is replaced)
     first = len(stages)
     spec = instance_spec(task)
