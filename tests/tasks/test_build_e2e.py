@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import ran_tasks, run_kiln
+from tests.support.chains import stages_ran
 
 STAGES = ["trace", "visa", "lir", "schedule", "edf"]
 INSTANCES = ["vector_add.small", "softmax.small", "gemm.small", "gemm.wide"]
@@ -27,13 +28,14 @@ def bump(path: Path) -> None:
 
 def test_first_build_makes_every_artifact_then_noop(project):
     first = run_kiln(project, "compile", check=True)
-    assert sorted(ran_tasks(first)) == sorted(f"compile:{i}.{s}" for i in INSTANCES for s in STAGES)
+    assert sorted(ran_tasks(first)) == sorted(f"compile:{i}" for i in INSTANCES)
+    assert stages_ran(project) == {f"compile:{i}": STAGES for i in INSTANCES}
     for inst in INSTANCES:
         for name in ("graph.json", "kernel.visa", "kernel.lir", "kernel.sched", "kernel.edf"):
             assert (out(project, inst) / name).stat().st_size > 0
     second = run_kiln(project, "compile", check=True)
     assert ran_tasks(second) == []
-    assert "0 ran, 20 up to date" in second.stdout
+    assert "0 ran, 4 up to date" in second.stdout
 
 
 def test_kernel_edit_reruns_only_that_kernel(project):
@@ -51,24 +53,28 @@ def test_kernel_edit_reruns_only_that_kernel(project):
     )
     bump(src)
     status = run_kiln(project, "status", check=True)
-    assert "compile:softmax.small.trace: would run" in status.stdout
+    assert "compile:softmax.small: would run" in status.stdout
     assert "file changed:" in status.stdout and "normalization.py" in status.stdout
-    assert "compile:gemm.small.trace: would run" not in status.stdout
+    assert "starts at stage trace" in status.stdout
+    assert "compile:gemm.small: would run" not in status.stdout
+    assert "kiln: 1 of 4 tasks would run" in status.stdout
     rebuilt = run_kiln(project, "compile", check=True)
-    assert {t.split(":")[1].rsplit(".", 1)[0] for t in ran_tasks(rebuilt)} == {"softmax.small"}
+    assert ran_tasks(rebuilt) == ["compile:softmax.small"]
 
 
 def test_comment_edit_stops_after_trace(project):
     run_kiln(project, "compile", check=True)
-    graph = out(project, "gemm.small") / "graph.json"
-    before = (graph.read_bytes(), graph.stat().st_mtime_ns)
+    names = ("graph.json", "kernel.visa", "kernel.lir", "kernel.sched", "kernel.edf")
+    files = [out(project, i) / n for i in ("gemm.small", "gemm.wide") for n in names]
+    before = {f: (f.read_bytes(), f.stat().st_mtime_ns) for f in files}
     src = project / "kernels" / "linalg.py"
     src.write_text("# a comment that changes nothing\n" + src.read_text())
     bump(src)
     rebuilt = run_kiln(project, "compile", check=True)
-    ran = ran_tasks(rebuilt)
-    assert ran and all(t.endswith(".trace") for t in ran), ran
-    assert (graph.read_bytes(), graph.stat().st_mtime_ns) == before
+    assert sorted(ran_tasks(rebuilt)) == ["compile:gemm.small", "compile:gemm.wide"]
+    # the same graph: each chain stopped after the trace, and rewrote no artifact
+    assert stages_ran(project) == {"compile:gemm.small": ["trace"], "compile:gemm.wide": ["trace"]}
+    assert {f: (f.read_bytes(), f.stat().st_mtime_ns) for f in files} == before
 
 
 def test_shape_change_reruns_only_that_kernel(project):
@@ -76,8 +82,10 @@ def test_shape_change_reruns_only_that_kernel(project):
     pipe = project / "pipeline.yaml"
     pipe.write_text(pipe.read_text().replace("small: {N: 256}", "small: {N: 512}"))
     status = run_kiln(project, "status", check=True)
-    assert "compile:vector_add.small.trace: would run" in status.stdout
+    assert "compile:vector_add.small: would run" in status.stdout
     assert "kernel function, shapes or dtypes changed" in status.stdout
+    assert "starts at stage trace" in status.stdout
+    assert "kiln: 1 of 4 tasks would run" in status.stdout
     rebuilt = run_kiln(project, "compile", check=True)
     assert {t.split(":")[1].split(".")[0] for t in ran_tasks(rebuilt)} == {"vector_add"}
 
@@ -86,7 +94,7 @@ def test_status_explains_missing_artifacts_and_option_changes(project):
     status = run_kiln(project, "status", check=True)
     assert "never built" in status.stdout or "missing artifact" in status.stdout
     run_kiln(project, "compile", check=True)
-    assert "0 of 20 tasks would run" in run_kiln(project, "status", check=True).stdout
+    assert "0 of 4 tasks would run" in run_kiln(project, "status", check=True).stdout
     pipe = project / "pipeline.yaml"
     pipe.write_text(
         pipe.read_text().replace(
@@ -94,8 +102,9 @@ def test_status_explains_missing_artifacts_and_option_changes(project):
         )
     )
     status = run_kiln(project, "status", check=True).stdout
-    assert "compile:gemm.small.schedule: would run" in status
+    assert "compile:gemm.small: would run" in status
     assert "stage options changed" in status
+    assert "starts at stage schedule (may stop early)" in status
     (out(project, "gemm.small") / "kernel.visa").unlink()
     status = run_kiln(project, "status", "gemm", check=True).stdout
     assert "missing artifact" in status and "kernel.visa" in status
@@ -187,13 +196,8 @@ def test_dumps_section_writes_every_kind_and_reruns_only_the_owning_stages(proje
     status = run_kiln(project, "status", check=True).stdout
     assert "requested dumps changed" in status
     rebuilt = ran_tasks(run_kiln(project, "compile", check=True))
-    assert sorted(rebuilt) == [
-        "compile:softmax.small.edf",
-        "compile:softmax.small.lir",
-        "compile:softmax.small.schedule",
-        "compile:softmax.small.trace",
-        "compile:softmax.small.visa",
-    ]
+    assert rebuilt == ["compile:softmax.small"]
+    assert stages_ran(project) == {"compile:softmax.small": STAGES}  # every stage owns a dump
     dumps = out(project, "softmax.small") / "dumps"
     for name in ("dfg.json", "kernel.visa", "lir.msgpack", "lir_graph.json", "schedule.json"):
         assert (dumps / name).stat().st_size > 0, name
@@ -202,7 +206,15 @@ def test_dumps_section_writes_every_kind_and_reruns_only_the_owning_stages(proje
     (dumps / "schedule.json").unlink()
     status = run_kiln(project, "status", "softmax", check=True).stdout
     assert "missing artifact" in status and "schedule.json" in status
-    assert ran_tasks(run_kiln(project, "compile", check=True)) == ["compile:softmax.small.schedule"]
+    others = [p for p in out(project, "softmax.small").rglob("*") if p.is_file()]
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in others if p.name[0] != "."}
+    # no artifact cache (a hit would write the dump back without running anything)
+    rebuilt = run_kiln(project, "compile", env={"KILN_CACHE": "0"}, check=True)
+    assert ran_tasks(rebuilt) == ["compile:softmax.small"]
+    # only the dump's owner ran again: its artifact is unchanged, so the edf stage was kept
+    assert stages_ran(project) == {"compile:softmax.small": ["schedule"]}
+    assert (dumps / "schedule.json").stat().st_size > 0
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in before} == before
 
 
 def test_status_of_a_damaged_artifact_says_to_rebuild_it_and_builds_nothing(project):
@@ -212,4 +224,5 @@ def test_status_of_a_damaged_artifact_says_to_rebuild_it_and_builds_nothing(proj
     status = run_kiln(project, "status", "vector_add", check=True)
     assert "removed it: run `kiln compile` to rebuild it" in status.stderr
     assert "rebuilding" not in status.stderr
-    assert "compile:vector_add.small.schedule: would run" in status.stdout
+    assert "compile:vector_add.small: would run" in status.stdout
+    assert "starts at stage schedule (may stop early)" in status.stdout
