@@ -188,6 +188,8 @@ def _group_keys(op: str, group: tuple) -> tuple[list, list]:
             names.append(name)
             parts.append(vs)
     head = (op, tuple(names))
+    if not parts:  # no arguments at all (zip would repeat the head forever)
+        return [(head,)] * len(group), addr_cols
     return list(zip(repeat(head), *parts, strict=False)), addr_cols
 
 
