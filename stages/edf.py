@@ -8,7 +8,6 @@ The tasks layer may add source/graph hashes with ``EdfFile.with_metadata``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ def build_metadata(sp: ScheduledProgram, machine: dict, extra: dict | None = Non
         "machine": {"name": machine.get("name", sp.program.machine), "model": model},
         "policy": sp.policy,
         "compiler": {"name": "kiln", "version": compiler_version()},
-        "hashes": {"program_sha256": hashlib.sha256(sp.program.to_msgpack()).hexdigest()},
+        "hashes": {"program_sha256": sp.program.key},  # sha256 of its msgpack, computed once
         "instructions": len(sp.program.instrs),
         "makespan_cycles": sp.makespan,
     }
@@ -84,7 +83,7 @@ def verify(edf: EdfFile, machine: dict) -> None:
     sp = edf.scheduled
     raise_violations(sp, NAME)
     meta = edf.meta
-    want = hashlib.sha256(sp.program.to_msgpack()).hexdigest()
+    want = sp.program.key
     checks = [
         ("metadata-program-hash", meta.get("hashes", {}).get("program_sha256"), want),
         ("metadata-kernel", meta.get("kernel"), sp.program.kernel),

@@ -15,15 +15,18 @@ from __future__ import annotations
 import json
 import math
 import os
-from bisect import bisect_right
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kiln.errors import StageError, VerifyError
+from kiln.stages.lir_deps import DepTracker, Ranges, compute_deps  # noqa: F401 (re-exported)
+from kiln.stages.lir_verify import verify  # noqa: F401 (the stage's verify)
+
+from kiln.errors import StageError
 from kiln.fsutil import read_artifact, write_bytes_atomic
 from kiln.ir import visa
 from kiln.ir.edf import gc_paused
-from kiln.ir.lir import DEP_KINDS, Access, ArgSlot, Dep, Instr, Program, unit_kind
+from kiln.ir.lir import ArgSlot, Program
+from kiln.ir.lir_table import TableBuilder
 from kiln.ir.visa import ITEMSIZE, Imm, Tile, View
 
 NAME = "lir"
@@ -32,6 +35,7 @@ ARTIFACT = "kernel.lir"
 # what the compiler driver may call beyond run/verify/serialize/read (kiln/driver.py)
 CAPABILITIES = frozenset({"decode", "exact_round_trip"})
 ALIGN = 64
+_UNIT_OF = {spec.name: spec.unit for spec in visa.OPS.values()}
 
 
 @dataclass(frozen=True)
@@ -136,103 +140,6 @@ def _allocate(program: visa.Program, options: Options, machine: dict):
     )
 
 
-# -- dependencies --------------------------------------------------------------------
-
-
-class _IntervalMap:
-    """Byte segments of one memory space -> (last writer, readers since that write)."""
-
-    def __init__(self) -> None:
-        self.starts: list[int] = [0]
-        self.state: list[tuple[int | None, list[int]]] = [(None, [])]
-
-    def _split(self, x: int) -> int:
-        i = bisect_right(self.starts, x) - 1
-        if self.starts[i] != x:
-            writer, readers = self.state[i]
-            i += 1
-            self.starts.insert(i, x)
-            self.state.insert(i, (writer, list(readers)))
-        return i
-
-    def read(self, a: Access, me: int, raw: set[int]) -> None:
-        lo, hi = self._split(a.addr), self._split(a.end)
-        for writer, readers in self.state[lo:hi]:
-            if writer is not None:
-                raw.add(writer)
-            readers.append(me)
-
-    def write(self, a: Access, me: int, waw: set[int], war: set[int]) -> None:
-        lo, hi = self._split(a.addr), self._split(a.end)
-        for writer, readers in self.state[lo:hi]:
-            if writer is not None and writer != me:
-                waw.add(writer)
-            war.update(r for r in readers if r != me)
-        del self.starts[lo + 1 : hi]
-        del self.state[lo + 1 : hi]
-        self.state[lo] = (me, [])
-
-
-class _Ranges:
-    """Merged byte ranges per memory space, for "does anything ever write here?"."""
-
-    def __init__(self, ranges: dict[str, list[tuple[int, int]]]):
-        self.starts: dict[str, list[int]] = {}
-        self.ends: dict[str, list[int]] = {}
-        for space, spans in ranges.items():
-            merged: list[list[int]] = []
-            for lo, hi in sorted(spans):
-                if merged and lo <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], hi)
-                else:
-                    merged.append([lo, hi])
-            self.starts[space] = [lo for lo, _ in merged]
-            self.ends[space] = [hi for _, hi in merged]
-
-    def overlaps(self, a: Access) -> bool:
-        starts = self.starts.get(a.space)
-        if not starts:
-            return False
-        i = bisect_right(starts, a.end - 1) - 1
-        return i >= 0 and self.ends[a.space][i] > a.addr
-
-
-def _written_ranges(accesses) -> _Ranges:
-    spans: dict[str, list[tuple[int, int]]] = {}
-    for _, writes in accesses:
-        for w in writes:
-            if w.nbytes > 0:
-                spans.setdefault(w.space, []).append((w.addr, w.end))
-    return _Ranges(spans)
-
-
-def compute_deps(
-    accesses: list[tuple[tuple[Access, ...], tuple[Access, ...]]],
-) -> list[tuple[Dep, ...]]:
-    """Per instruction (reads, writes): its deps, one per source (raw > waw > war), by source."""
-    maps: dict[str, _IntervalMap] = {}
-    written = _written_ranges(accesses)
-    result = []
-    for me, (reads, writes) in enumerate(accesses):
-        raw: set[int] = set()
-        waw: set[int] = set()
-        war: set[int] = set()
-        for a in reads:
-            # A range nothing ever writes (a kernel input) can have no dependency at all;
-            # skipping it keeps wide strided input spans out of the interval map.
-            if a.nbytes > 0 and written.overlaps(a):
-                maps.setdefault(a.space, _IntervalMap()).read(a, me, raw)
-        for a in writes:
-            if a.nbytes > 0:
-                maps.setdefault(a.space, _IntervalMap()).write(a, me, waw, war)
-        kinds = {src: "war" for src in war}
-        kinds.update({src: "waw" for src in waw})
-        kinds.update({src: "raw" for src in raw})
-        kinds.pop(me, None)
-        result.append(tuple(Dep(src, kinds[src]) for src in sorted(kinds)))
-    return result
-
-
 # -- lowering ------------------------------------------------------------------------
 
 
@@ -270,88 +177,144 @@ def _latency(ins: visa.Instr, kind: str, nbytes: int, elements: int, machine: di
     return max(1, int(base) + math.ceil(elements / int(vec["lanes"])))
 
 
+class _Latencies:
+    """``_latency`` memoized on what it depends on: a large program repeats a few shapes."""
+
+    def __init__(self, machine: dict) -> None:
+        self.machine = machine
+        self.memo: dict[tuple, int] = {}
+
+    def __call__(self, ins: visa.Instr, kind: str, nbytes: int, elements: int) -> int:
+        if kind == "dma":
+            key: tuple = (kind, nbytes)
+        elif kind == "tensor":
+            key = (kind, ins.srcs[0].shape, ins.dst.shape[1])
+        else:
+            key = (kind, ins.op, elements)
+        latency = self.memo.get(key)
+        if latency is None:
+            latency = self.memo[key] = _latency(ins, kind, nbytes, elements, self.machine)
+        return latency
+
+
 def run(program: visa.Program, options: Options, machine: dict) -> Program:
     """Bind units, allocate SRAM, lay out DRAM, compute latencies and dependencies."""
     with gc_paused():  # many small long-lived records: collector passes find nothing
         return _run(program, options, machine)
 
 
-def _run(program: visa.Program, options: Options, machine: dict) -> Program:
-    units = _units(program, machine)
-    tensors = program.tensor_map()
-    buffers = program.buffer_map()
-    slots_dram: dict[str, ArgSlot] = {}
+def _dram_layout(program: visa.Program) -> tuple[dict[str, ArgSlot], int]:
+    slots: dict[str, ArgSlot] = {}
     cursor = 0
     for t in program.tensors:
         nbytes = t.size * ITEMSIZE[t.dtype]
-        slots_dram[t.name] = ArgSlot(t.name, t.role, t.shape, t.dtype, _align(cursor), nbytes)
+        slots[t.name] = ArgSlot(t.name, t.role, t.shape, t.dtype, _align(cursor), nbytes)
         cursor = _align(cursor) + nbytes
+    return slots, cursor
+
+
+def _view_span(view: View, base: int, size: int, extents: dict) -> tuple[int, int]:
+    """(first byte, bytes) of the DRAM range a view spans; extents memoizes shape/strides."""
+    ext = extents.get((view.shape, view.strides))
+    if ext is None:
+        lo, hi = view.span()
+        ext = extents[(view.shape, view.strides)] = hi - lo
+    return base + view.offset * size, ext * size
+
+
+def _run(program: visa.Program, options: Options, machine: dict) -> Program:
+    units = _units(program, machine)
+    buffers = program.buffer_map()
+    slots_dram, cursor = _dram_layout(program)
     addrs, slot_size, twice = _allocate(program, options, machine)
+    # per buffer: (address of copy 0, address of copy 1, itemsize, dtype)
+    bufs = {
+        name: (
+            a,
+            a + slot_size[name] * (name in twice),
+            ITEMSIZE[buffers[name].dtype],
+            buffers[name].dtype,
+        )
+        for name, a in addrs.items()
+    }
+    # per tensor: (DRAM base, itemsize, dtype)
+    views = {
+        t.name: (slots_dram[t.name].dram_offset, ITEMSIZE[t.dtype], t.dtype)
+        for t in program.tensors
+    }
+    extents: dict = {}
+    # every DRAM range the program writes, up front: reads of anything else (the inputs)
+    # need no dependency tracking
+    written: dict[str, list[tuple[int, int]]] = {"dram": []}
+    for ins in program.instrs:
+        if isinstance(ins.dst, View):
+            base, size, _ = views[ins.dst.tensor]
+            addr, nbytes = _view_span(ins.dst, base, size, extents)
+            if nbytes > 0:
+                written["dram"].append((addr, addr + nbytes))
+    deps = DepTracker(Ranges(written), ("dram",))
     version: dict[str, int] = {}
     busy = {kind: [0] * count for kind, count in units.items()}
+    names = {kind: [f"{kind}{u}" for u in range(count)] for kind, count in units.items()}
+    latency_of = _Latencies(machine)
+    table = TableBuilder()
+    lines = visa.instr_lines(program)
 
-    def tile(t: Tile) -> tuple[tuple, Access]:
-        buf = buffers[t.buf]
-        addr = addrs[t.buf] + (version.get(t.buf, 0) % 2) * slot_size[t.buf] * (t.buf in twice)
-        nbytes = t.size * ITEMSIZE[buf.dtype]
-        return ("sram", addr, buf.dtype, t.shape), Access("sram", addr, nbytes)
-
-    def operand(o) -> tuple[tuple, Access | None]:
+    def operand(o) -> tuple[tuple, tuple | None, int]:
+        """(encoding in args, (space, addr, nbytes) accessed or None, elements)."""
         if isinstance(o, Tile):
-            return tile(o)
+            addr0, addr1, item, dtype = bufs[o.buf]
+            addr = addr1 if version.get(o.buf, 0) % 2 else addr0
+            n = math.prod(o.shape)
+            return ("sram", addr, dtype, o.shape), ("sram", addr, n * item), n
         if isinstance(o, View):
-            t = tensors[o.tensor]
-            size = ITEMSIZE[t.dtype]
-            base = slots_dram[o.tensor].dram_offset
-            lo, hi = o.span()
-            enc = ("dram", base + o.offset * size, t.dtype, o.shape, o.strides)
-            return enc, Access("dram", base + lo * size, (hi - lo) * size)
+            base, size, dtype = views[o.tensor]
+            lo = _view_span(o, base, size, extents)
+            enc = ("dram", base + o.offset * size, dtype, o.shape, o.strides)
+            return enc, ("dram", *lo), math.prod(o.shape)
         assert isinstance(o, Imm)
-        return ("imm", o.value, o.dtype), None
+        return ("imm", o.value, o.dtype), None, 0
 
-    staged = []
-    for ins in program.instrs:
-        spec = visa.OPS[ins.op]
+    for index, ins in enumerate(program.instrs):
+        kind = _UNIT_OF[ins.op]
         srcs = [operand(s) for s in ins.srcs]
-        reads = [a for _, a in srcs if a is not None]
+        reads = [a for _, a, _ in srcs if a is not None]
+        dst_tile = isinstance(ins.dst, Tile)
         if ins.accumulates:
             reads.append(operand(ins.dst)[1])
-        elif isinstance(ins.dst, Tile):
+        elif dst_tile:
             version[ins.dst.buf] = version.get(ins.dst.buf, -1) + 1
-        dst, written = operand(ins.dst)
-        reads = tuple(dict.fromkeys(reads))
-        moved = written.nbytes if spec.unit == "dma" else 0
-        touched = moved or sum(a.nbytes for a in reads) + written.nbytes
-        elements = max([s.size for s in (ins.dst, *ins.srcs) if not isinstance(s, Imm)] + [1])
-        latency = _latency(ins, spec.unit, touched, elements, machine)
-        loads = busy[spec.unit]
-        unit = min(range(len(loads)), key=lambda u: (loads[u], u))
+        dst, access, elements = operand(ins.dst)
+        if len(reads) > 1:
+            reads = list(dict.fromkeys(reads))
+        moved = access[2] if kind == "dma" else 0
+        touched = moved or sum(a[2] for a in reads) + access[2]
+        elements = max(elements, 1, *(e for _, _, e in srcs))
+        latency = latency_of(ins, kind, touched, elements)
+        loads = busy[kind]
+        unit = loads.index(min(loads))  # least loaded, lowest number on ties
         loads[unit] += latency
-        args = {"dst": dst, "srcs": tuple(e for e, _ in srcs), **dict(ins.attrs)}
-        staged.append((f"{spec.unit}{unit}", ins, reads, (written,), touched, latency, args))
-    deps = compute_deps([(s[2], s[3]) for s in staged])
-    instrs = tuple(
-        Instr(
-            id=i,
-            unit=unit,
-            opcode=ins.op,
-            reads=reads,
-            writes=writes,
-            nbytes=nbytes,
-            latency=latency,
-            deps=deps[i],
-            args=tuple(sorted(args.items())),
-            text=visa.format_instr(ins),
+        args = {"dst": dst, "srcs": tuple(e for e, _, _ in srcs), **dict(ins.attrs)}
+        writes = (access,)
+        table.add(
+            index,
+            names[kind][unit],
+            ins.op,
+            reads,
+            writes,
+            touched,
+            latency,
+            deps.add(reads, writes),
+            sorted(args.items()),
+            lines[index],
         )
-        for i, (unit, ins, reads, writes, nbytes, latency, args) in enumerate(staged)
-    )
     peak = max([addrs[b] + slot_size[b] * (2 if b in twice else 1) for b in addrs] + [0])
     return Program(
         kernel=program.kernel,
         machine=str(machine.get("name", "")),
         units=tuple(sorted(units.items())),
         args=tuple(slots_dram.values()),
-        instrs=instrs,
+        instrs=table.finish(),
         sram_bytes=int(machine["sram_bytes"]),
         sram_peak=peak,
         dram_bytes=_align(cursor),
@@ -378,59 +341,6 @@ def decode(data: bytes) -> Program:
 def read(path: str | os.PathLike) -> Program:
     """Load ``kernel.lir``; ArtifactError naming the file if it is missing or corrupt."""
     return read_artifact(path, "LIR artifact", decode)
-
-
-_UNIT_OF = {spec.name: spec.unit for spec in visa.OPS.values()}
-
-
-def _check_instr(program: Program, pos: int, ins: Instr, units: dict[str, int]) -> str | None:
-    """The first rule ``ins`` breaks, or None."""
-    if ins.id != pos:
-        return f"id {ins.id} is not its position {pos}"
-    kind = unit_kind(ins.unit)
-    index = ins.unit[len(kind) :]
-    if kind not in units or not index.isdigit() or int(index) >= units[kind]:
-        return f"unit {ins.unit} does not exist on the machine"
-    if ins.opcode in _UNIT_OF and _UNIT_OF[ins.opcode] != kind:
-        return f"{ins.opcode} runs on a {_UNIT_OF[ins.opcode]} unit, not {ins.unit}"
-    if ins.latency <= 0:
-        return f"latency {ins.latency} must be > 0"
-    limits = {"sram": program.sram_bytes, "dram": program.dram_bytes}
-    for a in ins.reads + ins.writes:
-        if a.space not in limits or a.addr < 0 or a.nbytes < 0 or a.end > limits[a.space]:
-            return f"access {a.space}[{a.addr}:{a.end}] is outside the {a.space}"
-    seen = set()
-    for d in ins.deps:
-        if d.kind not in DEP_KINDS or (d.src, d.kind) in seen:
-            return f"dependency {d} is malformed or repeated"
-        seen.add((d.src, d.kind))
-        if not 0 <= d.src < pos:
-            return f"dependency on {d.src} does not point backwards"
-        src = program.instrs[d.src]
-        mine, theirs = {
-            "raw": (ins.reads, src.writes),
-            "war": (ins.writes, src.reads),
-            "waw": (ins.writes, src.writes),
-        }[d.kind]
-        if not any(a.overlaps(b) for a in mine for b in theirs):
-            return f"{d.kind} dependency on {d.src} has no overlapping access"
-    return None
-
-
-def verify(program: Program, machine: dict) -> None:
-    """VerifyError naming the stage, the instruction and the first rule it breaks."""
-    units = {str(k): int(v) for k, v in machine.get("units", {}).items()}
-    if program.sram_peak > program.sram_bytes:
-        raise VerifyError(f"stage lir: sram_peak {program.sram_peak} exceeds SRAM")
-    if program.sram_bytes > int(machine["sram_bytes"]):
-        raise VerifyError(f"stage lir: program assumes {program.sram_bytes} bytes of SRAM")
-    for pos, ins in enumerate(program.instrs):
-        rule = _check_instr(program, pos, ins, units)
-        if rule is not None:
-            raise VerifyError(
-                f"stage lir: kernel {program.kernel}: instruction {pos} "
-                f"({ins.text or ins.opcode}): {rule}"
-            )
 
 
 def graph_json(program: Program) -> bytes:

@@ -15,10 +15,13 @@ import os
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
+import numpy as np
+
 from kiln.errors import StageError, VerifyError
 from kiln.fsutil import read_artifact, write_bytes_atomic
 from kiln.ir.edf import gc_paused
-from kiln.ir.lir import Program, ScheduledProgram, Slot
+from kiln.ir.lir import Program, ScheduledProgram, unit_kind
+from kiln.ir.lir_table import SlotTable
 from kiln.ir.schedule_check import (
     bottom_levels,
     check_schedule,
@@ -62,28 +65,26 @@ def run(program: Program, options: Options, machine: dict) -> ScheduledProgram:
 
 def _run(program: Program, options: Options) -> ScheduledProgram:
     _check_policy(options.policy)
-    instrs = program.instrs
+    table = program.table  # columns: no Python object per instruction is touched here
     kinds = sorted((k for k, _ in program.units), key=kind_sort_key)
     kind_no = {k: n for n, k in enumerate(kinds)}
     counts = [int(dict(program.units)[k]) for k in kinds]
-    units: dict[str, tuple[int, int]] = {}  # unit name -> (kind number, bound instance)
-    kind_of, bound = [], []
-    for ins in instrs:
-        ku = units.get(ins.unit)
-        if ku is None:
-            ku = units[ins.unit] = _bind(ins, kind_no, kinds, counts)
-        kind_of.append(ku[0])
-        bound.append(ku[1])
+    # (kind number, bound instance) per unit name; codes are numbered in order of first
+    # use, so the first unit that fails is the first instruction's that does
+    bind = [_bind(program, table, c, kind_no, kinds, counts) for c in range(len(table.unit_names))]
+    kind_arr = np.array([b[0] for b in bind] or [0], dtype=np.int64)[table.unit]
+    bound_arr = np.array([b[1] for b in bind] or [0], dtype=np.int64)[table.unit]
+    kind_of, bound = kind_arr.tolist(), bound_arr.tolist()
     # a machine may lack a kind of unit the program never uses (docs/pipeline.md)
-    for k in sorted(set(kind_of)):
+    for k in sorted(set(np.unique(kind_arr).tolist()) if len(table) else ()):
         if counts[k] < 1:
             raise StageError(
                 f"machine {program.machine!r} has {counts[k]} {kinds[k]} units",
                 expected=f">= 1 (the program runs instructions on a {kinds[k]} unit)",
             )
-    lat = [ins.latency for ins in instrs]
+    lat = table.latency.tolist()
     if lat and min(lat) < 0:
-        bad = next(ins for ins in instrs if ins.latency < 0)
+        bad = next(ins for ins in program.instrs if ins.latency < 0)
         raise StageError(f"instruction {bad.id} (`{bad.text}`) has latency {bad.latency}")
     try:
         preds, backward = dependency_index(program)
@@ -104,30 +105,32 @@ def _run(program: Program, options: Options) -> ScheduledProgram:
                 "in program order",
                 hint="use policy 'critical-path'",
             )
-    names = [[f"{k}{i}" for i in range(c)] for k, c in zip(kinds, counts, strict=True)]
-    slots = tuple(
-        map(
-            Slot,
-            [ins.id for ins in instrs],
-            [names[k][u] for k, u in zip(kind_of, unit, strict=True)],
-            start,
-            [b + d for b, d in zip(start, lat, strict=True)],
-        )
+    names = [f"{k}{i}" for k, c in zip(kinds, counts, strict=True) for i in range(c)]
+    first = np.cumsum([0, *counts])[:-1]  # each kind's first name in ``names``
+    start_arr = np.array(start, dtype=np.int64)
+    slots = SlotTable(
+        table.ids,
+        first[kind_arr] + np.array(unit, dtype=np.int64),
+        start_arr,
+        start_arr + table.latency,
+        names,
     )
     return ScheduledProgram(program=program, slots=slots, policy=options.policy)
 
 
-def _bind(ins, kind_no: dict, kinds: list, counts: list) -> tuple[int, int]:
+def _bind(program: Program, table, code: int, kind_no: dict, kinds: list, counts: list):
     """(kind number, instance number or -1) of the unit an instruction is bound to."""
-    kind = ins.unit_kind
+    name = table.unit_names[code]
+    kind = unit_kind(name)
     k = kind_no.get(kind)
     if k is None:
+        ins = program.instrs[int(np.argmax(table.unit == code))]
         raise StageError(
             f"instruction {ins.id} (`{ins.text}`) needs a {kind!r} unit",
             expected="one of: " + ", ".join(kinds),
             found=ins.unit,
         )
-    suffix = ins.unit[len(kind) :]
+    suffix = name[len(kind) :]
     b = int(suffix) if suffix.isdigit() else -1
     return k, b if b < counts[k] else -1
 

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from kiln.ir.lir import (
     ArgSlot,
@@ -35,7 +36,6 @@ from kiln.ir.lir import (
     ScheduledProgram,
     Slot,
     instr_from_obj,
-    instr_to_obj,
 )
 
 MAGIC = b"KEDF"
@@ -53,6 +53,7 @@ SECTION_NAMES = {
 }
 SLOT = struct.Struct("<IIqq")  # instr id, unit index, start, end
 SCHED_HEAD = struct.Struct("<III")  # slot count, unit count, policy length
+_SLOT_DTYPE = np.dtype([("instr", "<u4"), ("unit", "<u4"), ("start", "<i8"), ("end", "<i8")])
 
 
 @contextmanager
@@ -176,7 +177,8 @@ def encode(edf: EdfFile, metadata: dict | None = None) -> bytes:
 def _encode(edf: EdfFile) -> bytes:
     sp = edf.scheduled
     bodies = [
-        (INSTRUCTIONS, _pack([instr_to_obj(i) for i in sp.program.instrs])),
+        # the instructions as the lir stage packed them: no per-instruction work here
+        (INSTRUCTIONS, sp.program.table.packed_array()),
         (SCHEDULE, _encode_schedule(sp)),
         (SIGNATURE, _pack(_signature_obj(sp.program))),
         (METADATA, edf.metadata.encode("ascii")),
@@ -227,16 +229,26 @@ def _signature_obj(p: Program) -> dict:
 
 
 def _encode_schedule(sp: ScheduledProgram) -> bytes:
-    units = sorted({s.unit for s in sp.slots})
+    table = sp.slot_table
+    names = table.unit_names
+    units = sorted({names[u] for u in np.unique(table.unit).tolist()})
     index = {u: n for n, u in enumerate(units)}
     policy = sp.policy.encode("utf-8")
-    out = bytearray(SCHED_HEAD.pack(len(sp.slots), len(units), len(policy)) + policy)
+    out = bytearray(SCHED_HEAD.pack(len(table), len(units), len(policy)) + policy)
     for u in units:
         raw = u.encode("utf-8")
         out += struct.pack("<H", len(raw)) + raw
     out += bytes(_align(len(out)) - len(out))
-    for s in sp.slots:
-        out += SLOT.pack(s.instr, index[s.unit], s.start, s.end)
+    # the SLOT records of every slot at once (same layout as SLOT.pack, little-endian)
+    if len(table) and (table.instr.min() < 0 or table.instr.max() >= 1 << 32):
+        for s in sp.slots:  # struct.error naming the value, as SLOT.pack always said
+            SLOT.pack(s.instr, 0, s.start, s.end)
+    rows = np.empty(len(table), dtype=_SLOT_DTYPE)
+    rows["instr"] = table.instr
+    rows["unit"] = np.array([index.get(n, 0) for n in names], dtype=np.uint32)[table.unit]
+    rows["start"] = table.start
+    rows["end"] = table.end
+    out += rows.tobytes()
     return bytes(out)
 
 

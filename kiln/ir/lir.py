@@ -11,88 +11,59 @@ records with these generic fields.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import msgpack
 
+from kiln.ir.lir_records import (  # noqa: F401  (re-exported: kiln.ir.lir is the public face)
+    DEP_KINDS,
+    SPACES,
+    Access,
+    ArgSlot,
+    Dep,
+    Instr,
+    Slot,
+    freeze,
+    instr_from_obj,
+    instr_to_obj,
+    unit_kind,
+)
+from kiln.ir.lir_table import InstrTable, SlotTable, map_header, pack
+
 LIR_FORMAT = "kiln.lir/1"
-DEP_KINDS = ("raw", "war", "waw")
-SPACES = ("sram", "dram")
-
-
-@dataclass(frozen=True, slots=True)
-class Access:
-    """A byte range in one memory space."""
-
-    space: str
-    addr: int
-    nbytes: int
-
-    @property
-    def end(self) -> int:
-        return self.addr + self.nbytes
-
-    def overlaps(self, other: Access) -> bool:
-        return self.space == other.space and self.addr < other.end and other.addr < self.end
-
-
-@dataclass(frozen=True, slots=True)
-class Dep:
-    src: int  # id of the instruction waited for
-    kind: str  # raw | war | waw
-
-
-@dataclass(frozen=True, slots=True)
-class Instr:
-    id: int
-    unit: str
-    opcode: str
-    reads: tuple[Access, ...]
-    writes: tuple[Access, ...]
-    nbytes: int  # bytes moved (DMA) or touched (compute)
-    latency: int  # cycles on its unit
-    deps: tuple[Dep, ...]
-    args: tuple[tuple[str, Any], ...] = ()  # sorted (key, value); values msgpack-able, tuples
-    text: str = ""
-
-    @property
-    def unit_kind(self) -> str:
-        return unit_kind(self.unit)
-
-    def arg(self, name: str, default: Any = None) -> Any:
-        for key, value in self.args:
-            if key == name:
-                return value
-        return default
-
-
-@dataclass(frozen=True, slots=True)
-class ArgSlot:
-    """A kernel argument or result in DRAM."""
-
-    name: str
-    role: str  # input | output
-    shape: tuple[int, ...]
-    dtype: str
-    dram_offset: int
-    nbytes: int
 
 
 @dataclass(frozen=True, slots=True)
 class Program:
-    """A whole kernel in LIR."""
+    """A whole kernel in LIR.
+
+    ``instrs`` is any sequence of ``Instr``: the lir stage hands an
+    ``InstrTable`` (columns, packed once); a tuple built by hand works the
+    same, and ``table`` makes it columnar on first use (cached).
+    """
 
     kernel: str
     machine: str
     units: tuple[tuple[str, int], ...]  # (kind, count), sorted by kind
     args: tuple[ArgSlot, ...]
-    instrs: tuple[Instr, ...]
+    instrs: tuple[Instr, ...] | InstrTable
     sram_bytes: int  # capacity of the machine's SRAM
     sram_peak: int  # highest byte the allocator used
     dram_bytes: int  # total DRAM footprint of args and results
+    # caches, never compared or copied by dataclasses.replace (init=False)
+    _table: InstrTable | None = field(default=None, init=False, repr=False, compare=False)
+    _key: str | None = field(default=None, init=False, repr=False, compare=False)
 
-    def to_obj(self) -> dict:
+    @property
+    def table(self) -> InstrTable:
+        """The instructions as columns (what the stages walk)."""
+        if isinstance(self.instrs, InstrTable):
+            return self.instrs
+        if self._table is None:
+            object.__setattr__(self, "_table", InstrTable.from_instrs(self.instrs))
+        return self._table
+
+    def _head(self) -> dict:
         return {
             "format": LIR_FORMAT,
             "kernel": self.kernel,
@@ -101,10 +72,20 @@ class Program:
             "args": [
                 [a.name, a.role, list(a.shape), a.dtype, a.dram_offset, a.nbytes] for a in self.args
             ],
-            "instrs": [instr_to_obj(i) for i in self.instrs],
+        }
+
+    def _tail(self) -> dict:
+        return {
             "sram_bytes": self.sram_bytes,
             "sram_peak": self.sram_peak,
             "dram_bytes": self.dram_bytes,
+        }
+
+    def to_obj(self) -> dict:
+        return {
+            **self._head(),
+            "instrs": [instr_to_obj(i) for i in self.instrs],
+            **self._tail(),
         }
 
     @staticmethod
@@ -125,7 +106,8 @@ class Program:
         )
 
     def to_msgpack(self) -> bytes:
-        return msgpack.packb(self.to_obj(), use_bin_type=True)
+        """``packb(self.to_obj())``, byte for byte, from the table's packed instructions."""
+        return _pack_map(self._head(), ("instrs", self.table.packed_array()), self._tail())
 
     @staticmethod
     def from_msgpack(raw: bytes) -> Program:
@@ -133,73 +115,53 @@ class Program:
 
     @property
     def key(self) -> str:
-        return hashlib.sha256(self.to_msgpack()).hexdigest()
+        """sha256 of ``to_msgpack()`` (computed once: the EDF stage asks twice)."""
+        if self._key is None:
+            object.__setattr__(self, "_key", hashlib.sha256(self.to_msgpack()).hexdigest())
+        return self._key
 
 
-def unit_kind(unit: str) -> str:
-    """``dma1`` -> ``dma``."""
-    return unit.rstrip("0123456789")
-
-
-def freeze(value: Any) -> Any:
-    """Lists to tuples, recursively: decoded msgpack back to hashable IR values."""
-    if isinstance(value, list):
-        return tuple(freeze(v) for v in value)
-    return value
-
-
-def instr_to_obj(i: Instr) -> list:
-    return [
-        i.id,
-        i.unit,
-        i.opcode,
-        [[a.space, a.addr, a.nbytes] for a in i.reads],
-        [[a.space, a.addr, a.nbytes] for a in i.writes],
-        i.nbytes,
-        i.latency,
-        [[d.src, d.kind] for d in i.deps],
-        [[k, v] for k, v in i.args],
-        i.text,
-    ]
-
-
-def instr_from_obj(obj: list) -> Instr:
-    ident, unit, opcode, reads, writes, nbytes, latency, deps, args, text = obj
-    return Instr(
-        id=int(ident),
-        unit=unit,
-        opcode=opcode,
-        reads=tuple(Access(s, int(a), int(n)) for s, a, n in reads),
-        writes=tuple(Access(s, int(a), int(n)) for s, a, n in writes),
-        nbytes=int(nbytes),
-        latency=int(latency),
-        deps=tuple(Dep(int(s), k) for s, k in deps),
-        args=tuple((k, freeze(v)) for k, v in args),
-        text=text,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """Where and when one instruction runs in the schedule."""
-
-    instr: int
-    unit: str
-    start: int  # cycle
-    end: int  # cycle (exclusive): start + latency
+def _pack_map(*parts: dict | tuple[str, bytes]) -> bytes:
+    """A msgpack map from dicts (packed as they are) and (key, already packed value) pairs,
+    in order: the bytes packb gives the merged dict, without re-packing the packed values."""
+    out = []
+    count = 0
+    for part in parts:
+        if isinstance(part, tuple):
+            out += [pack(part[0]), part[1]]
+            count += 1
+        else:
+            for k, v in part.items():
+                out += [pack(k), pack(v)]
+            count += len(part)
+    return map_header(count) + b"".join(out)
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledProgram:
-    """ResourceLIR: a program plus one slot per instruction (indexed by instruction id)."""
+    """ResourceLIR: a program plus one slot per instruction (indexed by instruction id).
+
+    ``slots`` is any sequence of ``Slot``: the schedule stage hands a
+    ``SlotTable`` (columns); ``slot_table`` makes a tuple columnar on first use.
+    """
 
     program: Program
-    slots: tuple[Slot, ...]
+    slots: tuple[Slot, ...] | SlotTable
     policy: str
+    _slot_table: SlotTable | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def slot_table(self) -> SlotTable:
+        if isinstance(self.slots, SlotTable):
+            return self.slots
+        if self._slot_table is None:
+            object.__setattr__(self, "_slot_table", SlotTable.from_slots(self.slots))
+        return self._slot_table
 
     @property
     def makespan(self) -> int:
-        return max((s.end for s in self.slots), default=0)
+        end = self.slot_table.end
+        return int(end.max()) if len(end) else 0
 
     def to_obj(self) -> dict:
         return {
@@ -217,7 +179,12 @@ class ScheduledProgram:
         )
 
     def to_msgpack(self) -> bytes:
-        return msgpack.packb(self.to_obj(), use_bin_type=True)
+        """``packb(self.to_obj())``, byte for byte, reusing the program's packed bytes."""
+        return _pack_map(
+            ("program", self.program.to_msgpack()),
+            ("slots", pack(self.slot_table.rows())),
+            {"policy": self.policy},
+        )
 
     @staticmethod
     def from_msgpack(raw: bytes) -> ScheduledProgram:

@@ -12,7 +12,18 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kiln.ir.lir import DEP_KINDS, Access, ArgSlot, Dep, Instr, Program, ScheduledProgram
+import numpy as np
+
+from kiln.ir.lir import (
+    DEP_KINDS,
+    Access,
+    ArgSlot,
+    Dep,
+    Instr,
+    Program,
+    ScheduledProgram,
+    unit_kind,
+)
 
 KIND_ORDER = ("dma", "tensor", "vector")  # display order; other kinds follow by name
 
@@ -79,31 +90,39 @@ def dependency_index(program: Program) -> tuple[list[list[int]], bool]:
     The bool is True when every dependency points to an earlier position, so
     program order is a topological order.
     """
+    table = program.table
+    if not table.dense:
+        return _dependency_index_by_id(program)
+    n = len(table)
+    src = table.d_src
+    owner = np.repeat(np.arange(n), np.diff(table.d_off))
+    outside = (src < 0) | (src >= n)
+    if outside.any():
+        first = int(np.argmax(outside))
+        ident = int(table.ids[owner[first]])
+        raise ValueError(f"instruction {ident} depends on unknown instruction {int(src[first])}")
+    srcs, off = src.tolist(), table.d_off.tolist()
+    preds = [srcs[off[k] : off[k + 1]] for k in range(n)]
+    return preds, bool((src < owner).all())
+
+
+def _dependency_index_by_id(program: Program) -> tuple[list[list[int]], bool]:
+    """``dependency_index`` when ids are not positions (hand-made programs)."""
     instrs = program.instrs
-    dense = all(ins.id == k for k, ins in enumerate(instrs))
-    index = None if dense else {ins.id: k for k, ins in enumerate(instrs)}
-    n = len(instrs)
+    index = {ins.id: k for k, ins in enumerate(instrs)}
     preds: list[list[int]] = []
     backward = True
     for k, ins in enumerate(instrs):
         if not ins.deps:
             preds.append([])
             continue
-        if index is None:
-            p = [d.src for d in ins.deps]
-            hi = max(p)
-            if hi >= n or min(p) < 0:
-                bad = next(s for s in p if not 0 <= s < n)
-                raise ValueError(f"instruction {ins.id} depends on unknown instruction {bad}")
-        else:
-            try:
-                p = [index[d.src] for d in ins.deps]
-            except KeyError as exc:
-                raise ValueError(
-                    f"instruction {ins.id} depends on unknown instruction {exc.args[0]}"
-                ) from None
-            hi = max(p)
-        if hi >= k:
+        try:
+            p = [index[d.src] for d in ins.deps]
+        except KeyError as exc:
+            raise ValueError(
+                f"instruction {ins.id} depends on unknown instruction {exc.args[0]}"
+            ) from None
+        if max(p) >= k:
             backward = False
         preds.append(p)
     return preds, backward
@@ -136,7 +155,7 @@ def bottom_levels(program: Program, preds=None, order=None) -> list[int]:
     if preds is None:
         preds, backward = dependency_index(program)
         order = topological_order(preds, backward)
-    lat = [ins.latency for ins in program.instrs]
+    lat = program.table.latency.tolist()
     best = [0] * len(lat)  # longest bottom level among successors
     bl = [0] * len(lat)
     for k in reversed(order):
@@ -155,6 +174,8 @@ def critical_path(program: Program) -> int:
 
 def check_schedule(sp: ScheduledProgram) -> list[Violation]:
     """Every broken rule of ``sp`` (empty when the schedule is valid), in instruction order."""
+    if _valid_at_a_glance(sp):
+        return []
     program, slots = sp.program, sp.slots
     instrs = program.instrs
     out: list[Violation] = []
@@ -219,6 +240,45 @@ def check_schedule(sp: ScheduledProgram) -> list[Violation]:
                 )
     out.extend(_overlaps(slot_of.values()))
     return out
+
+
+def _valid_at_a_glance(sp: ScheduledProgram) -> bool:
+    """True when ``check_schedule`` would find nothing, judged over columns at once.
+
+    False only means "look closer": the per-instruction rules then run and name
+    each violation. Hand-made programs whose ids are not positions always look closer.
+    """
+    table, slots = sp.program.table, sp.slot_table
+    n = len(table)
+    if len(slots) != n or not table.dense or not np.array_equal(slots.instr, table.ids):
+        return False
+    if n == 0:
+        return True
+    known = set(unit_instances(sp.program.units))
+    kinds = [unit_kind(u) for u in table.unit_names]
+    # per (slot unit, instruction unit) pair: the slot's unit exists and has the right kind
+    ok = np.array(
+        [[u in known and unit_kind(u) == k for k in kinds] for u in slots.unit_names],
+        dtype=bool,
+    ).reshape(len(slots.unit_names), len(kinds))
+    start, end = slots.start, slots.end
+    if not ok[slots.unit, table.unit].all() or (start < 0).any():
+        return False
+    if not np.array_equal(end - start, table.latency) or (end < start).any():
+        return False
+    src = table.d_src
+    if len(src):
+        owner = np.repeat(np.arange(n), np.diff(table.d_off))
+        if ((src < 0) | (src >= n)).any() or (start[owner] < end[src]).any():
+            return False
+    # one unit's slots sorted by start: each starts at or after the furthest end before it
+    order = np.lexsort((slots.instr, end, start, slots.unit))
+    unit = slots.unit[order]
+    span = int(end.max()) + 1
+    shifted_end = end[order] + unit.astype(np.int64) * span  # keeps units apart in one scan
+    reach = np.maximum.accumulate(shifted_end)
+    shifted_start = start[order] + unit.astype(np.int64) * span
+    return not (shifted_start[1:] < reach[:-1]).any()
 
 
 def _overlaps(slots) -> list[Violation]:

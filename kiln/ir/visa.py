@@ -34,6 +34,7 @@ from kiln.ir.visa_text import (  # noqa: F401
     format_imm,
     format_instr,
     format_operand,
+    instr_lines,
     parse,
     print_program,
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.ir.graph import ITEMSIZE
@@ -174,6 +174,9 @@ class Program:
     tensors: tuple[DramTensor, ...]
     buffers: tuple[Buffer, ...]
     instrs: tuple[Instr, ...]
+    # each instruction's text line, made once (visa_text.instr_lines): the printer and the
+    # lir stage's instruction texts both need them; never compared, not copied by replace
+    _lines: tuple[str, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensor_map(self) -> dict[str, DramTensor]:
         return {t.name: t for t in self.tensors}

@@ -67,6 +67,15 @@ def format_instr(instr: Instr) -> str:
     return text
 
 
+def instr_lines(program: Program) -> tuple[str, ...]:
+    """``format_instr`` of every instruction, computed once per program."""
+    lines = program._lines
+    if lines is None:
+        lines = tuple(map(format_instr, program.instrs))
+        object.__setattr__(program, "_lines", lines)
+    return lines
+
+
 def print_program(program: Program) -> str:
     """The canonical text form; ``parse(print_program(p)) == p``."""
     lines = [f"visa {VISA_VERSION}", f"kernel {program.kernel}"]
@@ -76,7 +85,7 @@ def print_program(program: Program) -> str:
         lines.append(f"tensor {t.name} {t.role} {t.dtype}{_dims(t.shape)}")
     for b in program.buffers:
         lines.append(f"buffer %{b.name} {b.dtype}{_dims(b.shape)}")
-    lines.extend(format_instr(i) for i in program.instrs)
+    lines.extend(instr_lines(program))
     return "\n".join(lines) + "\n"
 
 
