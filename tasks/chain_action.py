@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kiln.tasks import ahead, chain_record, manifest
 from kiln.tasks.cached_outputs import ROOT_PLACEHOLDER, portable
+from kiln.tasks.chain_worker import file_reader
 from kiln.tasks.file_digests import file_stat
 from kiln.tasks.importpath import add_project_root
 from kiln.tasks.instance_spec import InstanceSpec, source_digests
@@ -111,22 +112,12 @@ def _build_once(spec: InstanceSpec, out: Path) -> tuple[str, ChainResult | None,
     result, pid = ahead.result_for(spec, sources, known)
     if result is None:
         add_project_root(spec.root)
-        result = run_chain(spec.chain, sources, known=known, load=_loader(out))
+        result = run_chain(spec.chain, sources, known=known, load=file_reader(out))
         pid = os.getpid()
     _write(spec, out, result.files, known, result.records)
     if session is not None and key is not None:
         _store(spec, out, session, key, result)
     return COMPILED, result, pid
-
-
-def _loader(out: Path):
-    def load(rel: str) -> bytes | None:
-        try:
-            return (out / rel).read_bytes()
-        except OSError:
-            return None
-
-    return load
 
 
 def _write(

@@ -63,13 +63,15 @@ def run_job(wire: bytes) -> bytes:
                 add_project_root(job.root)
                 out = Path(job.out_dir)
                 known = {r.name: r for r in job.known}
-                result = run_chain(job.chain, dict(job.digests), known=known, load=_reader(out))
+                result = run_chain(job.chain, dict(job.digests), known=known, load=file_reader(out))
         except Exception:
             return msgpack.packb({"failed": True})
     return encode_result(result)
 
 
-def _reader(out: Path):
+def file_reader(out: Path):
+    """load(path inside ``out``) for run_chain: the bytes the last run left, or None."""
+
     def load(rel: str) -> bytes | None:
         try:
             return (out / rel).read_bytes()
