@@ -144,13 +144,12 @@ def build_each(
     failed, blocked = last_run_failures()
     problems: dict[str, str] = {}
     for inst in instances:
-        prefix = f"compile:{inst.name}."
-        mine = [(name, why) for name, why in failed.items() if name.startswith(prefix)]
-        if mine:
-            name, why = mine[0]
+        task = f"compile:{inst.name}"  # one task per instance: its whole stage chain
+        if task in failed:
+            why = failed[task]
             text = render_diagnostic(why) if isinstance(why, dict) else why
-            problems[inst.name] = f"{name} failed:\n{text}"
-        elif any(name.startswith(prefix) for name in blocked):
+            problems[inst.name] = f"{task} failed:\n{text}"
+        elif task in blocked:
             problems[inst.name] = f"{inst.name} was not built: an input of it failed to build"
     if not problems:  # a failure outside any instance's tasks: nothing can be trusted
         raise BuildFailed(f"the build failed (doit exit code {rc}); see the messages above")
