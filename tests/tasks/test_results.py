@@ -8,14 +8,12 @@ from kiln.tasks.reporter import assign_workers
 
 def test_failures_are_kept_until_the_failed_task_succeeds(tmp_path):
     diag = {"message": "boom"}
-    results.update_failures(
-        tmp_path, {"k.a": {"task": "compile:k.a.visa", "diagnostic": diag}}, set()
-    )
+    results.update_failures(tmp_path, {"k.a": {"task": "compile:k.a", "diagnostic": diag}}, set())
     assert results.read_failures(tmp_path)["k.a"]["diagnostic"] == diag
-    # another task of the instance succeeding does not clear it; the failed one does
-    results.update_failures(tmp_path, {}, {"compile:k.a.trace"})
+    # another task succeeding does not clear it; the failed one does
+    results.update_failures(tmp_path, {}, {"compile:k.b", "test:k.a@sim"})
     assert "k.a" in results.read_failures(tmp_path)
-    results.update_failures(tmp_path, {}, {"compile:k.a.visa"})
+    results.update_failures(tmp_path, {}, {"compile:k.a"})
     assert results.read_failures(tmp_path) == {}
 
 
@@ -50,9 +48,9 @@ def test_a_worker_named_by_the_build_is_kept_and_the_rest_get_lanes_by_overlap()
 
 def test_chrome_trace_has_one_complete_event_per_task():
     records = [
-        {"task": "compile:k.a.trace", "start": 10.0, "end": 10.5, "outcome": "ran", "worker": 0},
+        {"task": "compile:k.a", "start": 10.0, "end": 10.5, "outcome": "ran", "worker": 0},
         {
-            "task": "compile:k.a.visa",
+            "task": "compile:k.b",
             "start": 10.5,
             "end": 10.5,
             "outcome": "up-to-date",
@@ -62,8 +60,8 @@ def test_chrome_trace_has_one_complete_event_per_task():
     trace = results.chrome_trace(records)
     events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert [(e["name"], e["ts"], e["dur"], e["tid"]) for e in events] == [
-        ("compile:k.a.trace", 0.0, 500000.0, 0),
-        ("compile:k.a.visa", 500000.0, 0.0, 1),
+        ("compile:k.a", 0.0, 500000.0, 0),
+        ("compile:k.b", 500000.0, 0.0, 1),
     ]
     assert {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"} == {
         "worker 0",
@@ -72,5 +70,6 @@ def test_chrome_trace_has_one_complete_event_per_task():
 
 
 def test_task_instance_names():
-    assert results.task_instance("compile:gemm.small.visa") == ("gemm.small", "visa")
+    assert results.task_instance("compile:gemm.small") == ("gemm.small", "compile")
+    assert results.task_instance("compile:gemm") is None  # not <kernel>.<shapes>
     assert results.task_instance("test:gemm.small@sim") is None
