@@ -26,9 +26,10 @@ from kiln.tasks.instance_spec import InstanceSpec, source_digests
 from kiln.tasks.task_failure import failure
 
 from kiln.cache.session import COMPILED, FETCHED, HIT, session_for
+from kiln.cache.store import sha256
 from kiln.driver import ChainResult, StageFailed, StageRecord, run_chain
 from kiln.errors import KilnError, Location, StageError, environment_error
-from kiln.fsutil import remove_stale_tmp, write_bytes_atomic
+from kiln.fsutil import remove_stale_tmp, stat_identity, write_bytes_atomic
 from kiln.logconfig import get_logger
 
 RECORD_OUTPUT = "record"  # the chain entry's own output: its stages' records
@@ -107,7 +108,7 @@ def _build_once(spec: InstanceSpec, out: Path) -> tuple[str, ChainResult | None,
     key = spec.chain.key(sources) if session is not None else None
     if session is not None:
         found, how = session.lookup(key)
-        if found is not None and _written_from_cache(spec, out, found, known):
+        if found is not None and _written_from_cache(spec, out, found, known, session.local):
             return how, None, os.getpid()
     result, pid = ahead.result_for(spec, sources, known)
     if result is None:
@@ -126,15 +127,25 @@ def _write(
     files: dict[str, bytes],
     known: dict[str, StageRecord],
     records: list[StageRecord],
+    store=None,
 ) -> None:
-    """Write the files whose bytes changed, then the record, then the manifest."""
+    """Write the files whose bytes changed, then the record, then the manifest.
+
+    ``store``: the local store the files came from; a file is then a hard
+    link to its blob where it can be (LocalStore.place): a clean clone
+    writes each file once.
+    """
     root = spec.root.encode()
     for rel, data in sorted(files.items()):
         target = out / rel
         manifest.real_dir(target.parent, out)  # never write through a symlink in the out dir
         if target.is_symlink():
             target.unlink()
-        changed = write_bytes_atomic(target, data.replace(ROOT_PLACEHOLDER, root))
+        local = data.replace(ROOT_PLACEHOLDER, root)
+        if store is not None and local == data:
+            changed = store.place(sha256(data), str(target), data)
+        else:
+            changed = write_bytes_atomic(target, local)
         log.info("%s: %s %s", spec.instance, "wrote" if changed else "unchanged", rel)
     chain_record.write(str(out), records)
     artifacts = [str(out / s.artifact) for s in spec.chain.stages]
@@ -145,7 +156,11 @@ def _write(
 
 
 def _written_from_cache(
-    spec: InstanceSpec, out: Path, found: dict[str, bytes], known: dict[str, StageRecord]
+    spec: InstanceSpec,
+    out: Path,
+    found: dict[str, bytes],
+    known: dict[str, StageRecord],
+    store,
 ) -> bool:
     """Write a cached chain's files; False (nothing written) for an entry that is not one."""
     raw = found.get(RECORD_OUTPUT)
@@ -157,7 +172,7 @@ def _written_from_cache(
     wanted = {*spec.chain.files(), *(f for r in records.values() for f in r.files)}
     if not all(f in files or f in _dump_dirs(spec) for f in wanted):
         return False
-    _write(spec, out, files, known, [records[n] for n in names])
+    _write(spec, out, files, known, [records[n] for n in names], store)
     return True
 
 
@@ -169,15 +184,18 @@ def _store(spec: InstanceSpec, out: Path, session, key: str, result: ChainResult
     """Put the whole chain's outputs in the cache as one entry (kept stages read back)."""
     try:
         outputs = {RECORD_OUTPUT: chain_record.encode(result.records)}
+        files = {}  # the out dir's files holding their blob's very bytes: stored as links
         for record, stage in zip(result.records, spec.chain.stages, strict=True):
             for rel in (stage.artifact, *record.files):
+                path = out / rel
                 data = result.files.get(rel)
                 if data is None:
-                    data = (out / rel).read_bytes()
-                if rel != stage.artifact:
-                    data = portable(data, spec.root)  # a source map names this clone's root
-                outputs[FILE_PREFIX + rel] = data
-        session.store(key, outputs)
+                    data = path.read_bytes()
+                stored = data if rel == stage.artifact else portable(data, spec.root)
+                outputs[FILE_PREFIX + rel] = stored
+                if stored is data or stored == data:
+                    files[FILE_PREFIX + rel] = (str(path), stat_identity(os.stat(path)))
+        session.store(key, outputs, files)
     except OSError as exc:  # a full or read-only cache disk costs speed, not the build
         session.store_failed(exc)
 

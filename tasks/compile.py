@@ -83,12 +83,19 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     # one pass over what earlier builds wrote: a damaged artifact is removed, so it rebuilds
     drop_damaged([str(inst.out_dir) for inst in chosen], str(project.state_dir))
     out_root, state = str(project.out_dir), str(project.state_dir)
-    per_kernel: dict[str, tuple] = {}
+    per_kernel: dict[tuple, tuple] = {}
     specs: dict[str, InstanceSpec] = {}
     for inst in chosen:
-        if inst.kernel not in per_kernel:
-            per_kernel[inst.kernel] = _kernel_parts(project, inst.kernel, rows)
-        stage_rows, machine, parts = per_kernel[inst.kernel]
+        kernel_spec = pipeline.kernel(inst.kernel)
+        # kernels without overrides of their own share everything here: work once per kind
+        shared = (
+            (kernel_spec.machine, repr(kernel_spec.options))
+            if kernel_spec.options
+            else (kernel_spec.machine,)
+        )
+        if shared not in per_kernel:
+            per_kernel[shared] = _kernel_parts(project, inst.kernel, rows)
+        stage_rows, machine, parts = per_kernel[shared]
         dumps = instance_dumps(project, inst) if pipeline.dumps else {}
         stages = tuple(
             StageSpec(

@@ -374,9 +374,8 @@ def _closure(tasks: dict, selected) -> set[str]:
 def record_cache_counts(counts: dict) -> None:
     """Keep the last build's cache counts for ``kiln cache stats`` (best effort)."""
     from kiln.cache.config import resolve_cache_config
-    from kiln.cache.session import flush_sessions, write_last_build
+    from kiln.cache.session import write_last_build
 
-    flush_sessions()  # walks fetching ahead finish before the counts are read
     try:
         write_last_build(resolve_cache_config(None).local_dir, counts)
     except Exception:  # stats are a convenience; never fail a build over them

@@ -14,7 +14,6 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable
 
 from kiln.cache.store import action_entry, parse_action_entry, sha256
 from kiln.errors import KilnError
@@ -148,8 +147,6 @@ class RemoteStore:
         self.warned_keys: set[str] = set()
         self.fetched_bytes = 0
         self.uploaded_bytes = 0
-        self.fastest_read = float("inf")  # seconds: the quickest answer to an entry read
-        self.reads = 0  # runs whose first entry read was answered (found or not)
         self._lock = threading.Lock()
         self._callers = threading.local()  # one serving thread per calling thread
         self.fs, self.root, self.protocol = None, "", url.split("://", 1)[0]
@@ -232,46 +229,12 @@ class RemoteStore:
     def lookup_verified(self, key: str) -> tuple[dict[str, bytes], dict[str, str]] | None:
         """(outputs, their digests by name) of ``key``, every blob checked; or None."""
         progress = [time.monotonic()]
-        read = self._call(
-            f"reading action {key}", self._read_run, key, _no_more, progress, progress=progress
-        )
-        if read is None or not read[0]:
+        read = self._call(f"reading action {key}", self._read, key, progress, progress=progress)
+        if read is None or read[0] is False:
             return None
-        (_, outputs), blobs = read[0][0], read[1]
+        outputs, blobs = read
         found = self._verified(key, outputs, blobs)
         return None if found is None else (found, outputs)
-
-    def lookup_run(
-        self, key: str, next_key: Callable[[int, dict[str, str]], str | None]
-    ) -> list[tuple[str, dict[str, bytes], dict[str, str]]]:
-        """(key, outputs, digests) of ``key`` and the actions after it, in one trip.
-
-        ``next_key(n, digests)``: the key of the action after the ``n``-th
-        one read, whose output digests are ``digests`` (None: stop). A
-        stage chain's keys follow from the digests in its entries, so the
-        entries are read one after the other and every blob of the run in
-        one call (concurrently on S3), instead of a trip per action. The
-        run ends at the first action missing, bad or unverified.
-        """
-        progress = [time.monotonic()]
-        read = self._call(
-            f"reading actions from {key}",
-            self._read_run,
-            key,
-            next_key,
-            progress,
-            progress=progress,
-        )
-        if read is None:
-            return []
-        entries, blobs = read
-        run = []
-        for entry_key, outputs in entries:
-            found = self._verified(entry_key, outputs, blobs)
-            if found is None:
-                break
-            run.append((entry_key, found, outputs))
-        return run
 
     def _verified(
         self, key: str, outputs: dict[str, str] | None, blobs: dict[str, bytes]
@@ -291,46 +254,31 @@ class RemoteStore:
                 self._bad_object(key, f"corrupt (output {name!r} does not match digest {digest})")
                 return None
             found[name] = data
-        with self._lock:  # prefetch threads fetch side by side
+        with self._lock:  # pool and Dask builds look up from threads side by side
             self.fetched_bytes += sum(len(data) for data in found.values())
         return found
 
-    def _read_run(
-        self, key: str, next_key: Callable[[int, dict[str, str]], str | None], progress: list
-    ) -> tuple[list[tuple[str, dict[str, str] | None]], dict[str, bytes]]:
-        """([(key, output name -> digest)], digest -> bytes) of a run; see ``lookup_run``.
+    def _read(
+        self, key: str, progress: list
+    ) -> tuple[dict[str, str] | None | bool, dict[str, bytes]]:
+        """(output name -> digest, digest -> bytes) of ``key``'s entry; (False, {}): none.
 
-        Each read sets ``progress[0]``: the deadline is per read, not per run.
+        None for an entry that is not one of Kiln's. Each read sets
+        ``progress[0]``: the deadline is per read, not for the whole lookup.
         """
-        entries: list[tuple[str, dict[str, str] | None]] = []
-        start = time.perf_counter()
-        while key is not None:
-            try:
-                outputs = parse_action_entry(self.fs.cat_file(self._path("ac", key)))
-            except FileNotFoundError as exc:
-                if _no_bucket(exc):  # not a miss: the cache would stay empty without a word
-                    raise MissingBucket(str(exc)) from None
-                if not entries:  # "no such entry" is an answer too
-                    self._answered(time.perf_counter() - start)
-                break
-            except IsADirectoryError:  # one damaged object, not the remote: reported by key
-                outputs = None
-            if not entries:  # the run's first answer, one round trip: see worth_prefetching
-                self._answered(time.perf_counter() - start)
-            progress[0] = time.monotonic()
-            entries.append((key, outputs))
-            if outputs is None:
-                break
-            key = next_key(len(entries), outputs)
-        digests = {d for _, outputs in entries if outputs for d in outputs.values()}
-        paths = [self._path("cas", d) for d in sorted(digests)]
-        blobs = self._read_blobs(paths, progress) if paths else {}
-        return entries, blobs
-
-    def _answered(self, seconds: float) -> None:
-        with self._lock:  # prefetch threads read side by side
-            self.fastest_read = min(self.fastest_read, seconds)
-            self.reads += 1
+        try:
+            outputs = parse_action_entry(self.fs.cat_file(self._path("ac", key)))
+        except FileNotFoundError as exc:
+            if _no_bucket(exc):  # not a miss: the cache would stay empty without a word
+                raise MissingBucket(str(exc)) from None
+            return False, {}
+        except IsADirectoryError:  # one damaged object, not the remote: reported by key
+            return None, {}
+        progress[0] = time.monotonic()
+        if outputs is None:
+            return None, {}
+        paths = [self._path("cas", d) for d in sorted(set(outputs.values()))]
+        return outputs, self._read_blobs(paths, progress) if paths else {}
 
     def _read_blobs(
         self, paths: list[str], progress: list | None = None
@@ -420,11 +368,6 @@ def _no_bucket(exc: FileNotFoundError) -> bool:
     # s3fs and gcsfs turn NoSuchBucket into FileNotFoundError, keeping the service's words
     text = str(exc).lower()
     return "nosuchbucket" in text or "bucket does not exist" in text
-
-
-def _no_more(count: int, digests: dict[str, str]) -> None:
-    """``next_key`` of a run of one action."""
-    return None
 
 
 def key_is_valid_blob(fs, path: str) -> bool:

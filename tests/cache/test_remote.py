@@ -99,65 +99,26 @@ def test_failing_remote_warns_once_then_stays_off(capfd, fs_class, reason):
     remote.close()
 
 
-def _chain(remote: RemoteStore, outputs: list[bytes]) -> tuple[list[str], callable]:
-    """Actions whose keys follow from the previous output's digest, as a stage chain's do."""
-    keys = [f"{i}" * 64 for i in range(len(outputs))]
-    for key, data in zip(keys, outputs, strict=True):
-        remote.store(key, {"artifact": data}, {"artifact": sha256(data)})
-    by_digest = {sha256(data): keys[i + 1] for i, data in enumerate(outputs[:-1])}
-
-    def next_key(count, digests):
-        return by_digest.get(digests["artifact"])
-
-    return keys, next_key
-
-
-def test_a_run_of_actions_comes_back_verified_in_one_trip(tmp_path):
+def test_a_verified_lookup_warns_once_for_a_corrupt_blob_and_never_for_a_miss(tmp_path, capfd):
     remote = RemoteStore(f"file://{tmp_path}/team")
-    keys, next_key = _chain(remote, [b"graph", b"visa", b"lir", b"sched"])
+    remote.store(
+        "1" * 64,
+        {"record": b"r", "file/kernel.edf": b"edf"},
+        {"record": sha256(b"r"), "file/kernel.edf": sha256(b"edf")},
+    )
     reader = RemoteStore(f"file://{tmp_path}/team")
-    trips = []
-    real = reader._call
-    reader._call = lambda what, fn, *args, **kw: trips.append(what) or real(what, fn, *args, **kw)
-    run = reader.lookup_run(keys[1], next_key)
-    assert [(key, found) for key, found, _ in run] == [
-        (keys[1], {"artifact": b"visa"}),
-        (keys[2], {"artifact": b"lir"}),
-        (keys[3], {"artifact": b"sched"}),
-    ]
-    assert run[0][2] == {"artifact": sha256(b"visa")}
-    assert len(trips) == 1
-    assert reader.fetched_bytes == len(b"visalirsched")
-
-
-def test_a_run_ends_at_the_first_missing_or_damaged_action(tmp_path, capfd):
-    remote = RemoteStore(f"file://{tmp_path}/team")
-    keys, next_key = _chain(remote, [b"graph", b"visa", b"lir", b"sched"])
-    (tmp_path / "team" / "ac" / keys[3][:2] / keys[3]).unlink()
-    assert [key for key, _, _ in remote.lookup_run(keys[0], next_key)] == keys[:3]
-    digest = sha256(b"visa")
-    (tmp_path / "team" / "cas" / digest[:2] / digest).write_bytes(b"vis!")  # bit flip
+    found, digests = reader.lookup_verified("1" * 64)
+    assert found == {"record": b"r", "file/kernel.edf": b"edf"}
+    assert digests["file/kernel.edf"] == sha256(b"edf")
+    assert reader.fetched_bytes == len(b"redf")
+    digest = sha256(b"edf")
+    (tmp_path / "team" / "cas" / digest[:2] / digest).write_bytes(b"ed!")  # bit flip
     reader = RemoteStore(f"file://{tmp_path}/team")
-    assert [key for key, _, _ in reader.lookup_run(keys[0], next_key)] == keys[:1]
+    assert reader.lookup_verified("1" * 64) is None
     err = capfd.readouterr().err
-    assert err.count("warning") == 1 and keys[1] in err and "corrupt" in err
-    assert reader.lookup_run("f" * 64, next_key) == []  # not there at all: no warning
+    assert err.count("warning") == 1 and "1" * 64 in err and "corrupt" in err
+    assert reader.lookup_verified("f" * 64) is None  # not there at all: no warning
     assert "warning" not in capfd.readouterr().err
-
-
-def test_a_run_slower_than_the_deadline_but_no_read_that_slow_is_not_cut_off(tmp_path, capfd):
-    remote = RemoteStore(f"file://{tmp_path}/team")
-    keys, next_key = _chain(remote, [b"graph", b"visa", b"lir", b"sched"])
-    reader = RemoteStore(f"file://{tmp_path}/team", timeout=0.4)
-    real = reader.fs.cat_file
-
-    def slow_read(path, *args, **kwargs):
-        time.sleep(0.15)
-        return real(path, *args, **kwargs)
-
-    reader.fs.cat_file = slow_read  # four entries: 0.6 s in all, 0.15 s each
-    assert [key for key, _, _ in reader.lookup_run(keys[0], next_key)] == keys
-    assert not reader.broken and "warning" not in capfd.readouterr().err
 
 
 class HangingConnectFileSystem(MemoryFileSystem):

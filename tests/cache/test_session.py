@@ -33,51 +33,12 @@ def test_a_fetched_action_is_in_the_local_store_at_once(tmp_path):
     assert LocalStore(tmp_path / "local").lookup(KEY) == {"artifact": b"edf bytes"}
     assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, HIT)  # no second fetch
     assert session.remote.fetched_bytes == fetched
-    session.flush()  # no walk under way: returns at once
-
-
-def test_a_fetch_held_back_is_stored_once_its_files_are_written(tmp_path):
-    import os
-
-    session = _session(tmp_path, _team(tmp_path, b"edf bytes"))
-    fetched, how = session.lookup(KEY, keep=False)
-    assert (fetched, how) == ({"artifact": b"edf bytes"}, FETCHED)
-    assert session.held_back(KEY, fetched) == {"artifact": sha256(b"edf bytes")}
-    assert session.held_back(KEY, {"artifact": b"edf bytes"}) is None  # not those very bytes
-    store = LocalStore(tmp_path / "local")
-    assert store.lookup(KEY) is None and KEY in session.unkept
-    artifact = tmp_path / "kernel.edf"
-    artifact.write_bytes(b"edf bytes")
-    st = os.stat(artifact)
-    source = (str(artifact), (st.st_size, st.st_mtime_ns, st.st_ino))
-    session.keep_written(KEY, fetched, {"artifact": source})
-    assert store.lookup(KEY) == {"artifact": b"edf bytes"} and session.unkept == {}
-    assert os.path.samefile(store.blob_path(sha256(b"edf bytes")), artifact)
-    session.keep_written(KEY, {"artifact": b"other bytes"})  # not held back: nothing stored
-    assert store.lookup(KEY) == {"artifact": b"edf bytes"}
-
-
-def test_a_held_back_action_kept_after_other_bytes_were_written_stores_what_was_fetched(
-    tmp_path,
-):
-    import os
-
-    session = _session(tmp_path, _team(tmp_path, b"edf bytes"))
-    session.lookup(KEY, keep=False)
-    artifact = tmp_path / "kernel.edf"
-    artifact.write_bytes(b"EDF built elsewhere")
-    st = os.stat(artifact)
-    source = (str(artifact), (st.st_size, st.st_mtime_ns, st.st_ino))
-    session.keep_written(KEY, {"artifact": b"EDF built elsewhere"}, {"artifact": source})
-    store = LocalStore(tmp_path / "local")
-    assert store.lookup(KEY) == {"artifact": b"edf bytes"}  # the verified fetch, copied
-    assert not os.path.samefile(store.blob_path(sha256(b"edf bytes")), artifact)
 
 
 def _fetch_in_child(local_dir: str, url: str, queue) -> None:
     session = CacheSession(CacheConfig(local_dir=local_dir, remote=url))
     session.lookup(KEY)
-    # no flush: a worker process of -n N exits without atexit
+    # a worker process exits without atexit: the fetch is stored before lookup returns
     queue.put(LocalStore(local_dir).lookup(KEY))
 
 
@@ -97,7 +58,6 @@ def test_an_unwritable_local_store_warns_once_and_the_fetch_still_serves(tmp_pat
     blocker.write_text("a file where the store's directory should be")
     session = _session(tmp_path, _team(tmp_path, b"bytes"))
     assert session.lookup(KEY)[0] == {"artifact": b"bytes"}
-    session.flush()
     assert session.warned_unwritable
     session.store_failed(NotADirectoryError(20, "Not a directory"))  # said once only
     # on the real stderr: a log record from inside a doit action was never seen
