@@ -27,6 +27,7 @@ from itertools import chain, count
 import msgpack
 import numpy as np
 from kiln.runners.sim_exec import Fast
+from kiln.runners.sim_msgpack import read_instructions
 from kiln.runners.sim_templates import SPACE_CODES, NotColumnar, Template, Templates, need, only
 
 from kiln.ir.edf import (
@@ -71,6 +72,7 @@ class Columns:
     templates: tuple[Template, ...]
     fast: tuple[Fast | None, ...]  # per template: its fast path, None: lir_exec semantics
     generic: dict[int, Instr]  # Instr objects for the rows whose templates run generically
+    reader: str = "numpy"  # how the instructions were read: numpy, chunks (msgpack objects)
 
     @property
     def count(self) -> int:
@@ -98,6 +100,23 @@ def decode_columns(raw: bytes, layout: Layout) -> Columns:
     need(isinstance(meta, dict), "metadata is an object")
     table, units, _ = _schedule(section(SCHEDULE))
     data = section(INSTRUCTIONS)
+    metadata = canonical_json(meta)
+    try:  # every instruction at once, in numpy (the usual case)
+        templates = Templates()
+        fields = read_instructions(data, templates)
+        need(len(fields["latency"]) == len(table), "one slot per instruction")
+        found, fast = templates.finish()
+        return Columns(
+            program=program,
+            metadata=metadata,
+            **fields,
+            **_slots(table, units),
+            templates=found,
+            fast=fast,
+            generic=templates.generic,
+        )
+    except NotColumnar:
+        pass  # something msgpack reads but the numpy reader does not: a chunk at a time
     unpacker = msgpack.Unpacker(
         raw=False, use_list=False, strict_map_key=False, max_buffer_size=max(len(data), 1)
     )
@@ -111,7 +130,7 @@ def decode_columns(raw: bytes, layout: Layout) -> Columns:
     try:
         unpacker.unpack()
     except msgpack.OutOfData:
-        return builder.finish(program, canonical_json(meta), table, units)
+        return builder.finish(program, metadata, table, units)
     raise NotColumnar("bytes after the instruction list")
 
 
@@ -238,15 +257,22 @@ class _Builder:
             acc_write=_cat([part[4] for part in self.acc], bool),
             dep_ptr=dep_ptr,
             dep_src=_cat([part[1] for part in self.deps]),
-            slot_instr=table["instr"].astype(np.int64),
-            slot_unit=slot_units,
-            slot_unit_index=table["unit"].astype(np.int64),
-            slot_start=table["start"].astype(np.int64),
-            slot_end=table["end"].astype(np.int64),
+            **_slots(table, slot_units),
             templates=templates,
             fast=fast,
             generic=self.templates.generic,
+            reader="chunks",
         )
+
+
+def _slots(table: np.ndarray, units: tuple[str, ...]) -> dict:
+    return {
+        "slot_instr": table["instr"].astype(np.int64),
+        "slot_unit": units,
+        "slot_unit_index": table["unit"].astype(np.int64),
+        "slot_start": table["start"].astype(np.int64),
+        "slot_end": table["end"].astype(np.int64),
+    }
 
 
 def _cat(parts: list[np.ndarray], dtype=np.int64) -> np.ndarray:

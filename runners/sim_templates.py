@@ -20,6 +20,7 @@ from itertools import chain, count, repeat
 from operator import itemgetter
 from typing import Any
 
+import msgpack
 import numpy as np
 from kiln.runners.sim_exec import Fast, choose
 
@@ -114,6 +115,27 @@ class Templates:
             if self.fast[t] is None:  # runs lir_exec's semantics, which take an Instr
                 for k in at[mine].tolist():
                     self.generic[k + offset] = instr_from_obj(rows[k])
+
+    def place(self, key: tuple, first: list[int], memory: np.ndarray, rows, data, starts):
+        """A whole template's rows at once (``sim_msgpack``): ``memory`` holds the address
+        of each memory operand, row by row; ``first`` the first row's operand addresses."""
+        t = self.index.get(key)
+        if t is None:
+            t = self._new(key)
+        shape = self.shapes[t]
+        operands = (shape.dst, *shape.srcs)
+        need(shape.dst is not None, "a destination")
+        at = [k for k, o in enumerate(operands) if o.kind != "imm"]
+        need(len(at) == memory.shape[1], "an address per memory operand")
+        need(memory[0].tolist() == [first[k] for k in at], "addresses where operands have them")
+        addrs = np.zeros((len(rows), len(operands)), np.int64)
+        addrs[:, at] = memory
+        self.rows[t].append(rows)
+        self.addrs[t].append(addrs)
+        if self.fast[t] is None:
+            for k in rows.tolist():
+                row = msgpack.unpackb(data[starts[k] : starts[k + 1]], raw=False, use_list=False)
+                self.generic[k] = instr_from_obj(row)
 
     def _new(self, key: tuple) -> int:
         t = len(self.shapes)

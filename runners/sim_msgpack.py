@@ -1,0 +1,334 @@
+"""The INSTRUCTIONS section read with numpy: every instruction's fields at once, no objects.
+
+msgpack's decoder makes about sixty Python objects per instruction, and
+making, walking and freeing them was most of a first prepare. Here one
+cheap pass (``Unpacker.skip``, no objects) finds where each instruction
+starts; then all instructions are read *in lockstep*: one numpy step reads
+the next token of every instruction (its type byte, size and value from
+lookup tables), so the cost is a few dozen numpy calls per field, not a
+Python call per value.
+
+An instruction is ``[id, unit, opcode, reads, writes, nbytes, latency,
+deps, args, text]`` (kiln.ir.lir's ``instr_to_obj``). The ``args`` value is
+walked token by token; two instructions whose args tokens agree except for
+operand addresses share a template (a hash per row, each group checked
+token by token against its first row, so a collision cannot merge two).
+One row per template is decoded with msgpack to learn what the template
+does. Any token this reader does not expect raises ``NotColumnar``.
+"""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+from kiln.runners.sim_templates import need
+
+# token classes
+END, INT, STR, ARR, FLOAT, BAD = range(6)
+_CLS = np.full(256, BAD, np.int8)
+_WIDTH = np.zeros(256, np.int64)  # bytes after the type byte holding a value, length or count
+_SIGNED = np.zeros(256, bool)
+_CLS[0x00:0x80] = INT
+_CLS[0xE0:0x100] = INT
+_CLS[0xA0:0xC0] = STR
+_CLS[0x90:0xA0] = ARR
+for _b, _cls, _w, _s in (
+    (0xCC, INT, 1, False), (0xCD, INT, 2, False), (0xCE, INT, 4, False), (0xCF, INT, 8, False),
+    (0xD0, INT, 1, True), (0xD1, INT, 2, True), (0xD2, INT, 4, True), (0xD3, INT, 8, True),
+    (0xD9, STR, 1, False), (0xDA, STR, 2, False), (0xDB, STR, 4, False),
+    (0xDC, ARR, 2, False), (0xDD, ARR, 4, False), (0xCA, FLOAT, 4, False), (0xCB, FLOAT, 8, False),
+):  # fmt: skip
+    _CLS[_b], _WIDTH[_b], _SIGNED[_b] = _cls, _w, _s
+_FIXED = np.zeros(256, np.int64)  # the value held in the type byte itself
+_FIXED[0x00:0x80] = np.arange(0x80)
+_FIXED[0xE0:0x100] = np.arange(-32, 0)
+_FIXED[0xA0:0xC0] = np.arange(32)
+_FIXED[0x90:0xA0] = np.arange(16)
+MAX_STR = 16  # strings are compared by their first 16 bytes and length; longer: NotColumnar
+
+
+_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
+
+
+class Tokens:
+    """The next token at each cursor: class, size, value (int, length, count or float bits)."""
+
+    def __init__(self, d: np.ndarray, words: np.ndarray, p: np.ndarray):
+        b = d[p]
+        self.cls = _CLS[b]
+        need(not (self.cls == BAD).any(), "msgpack types the simulator reads")
+        width = _WIDTH[b]
+        # the 8 bytes after the type byte, big-endian, shifted down to the value's width
+        big = words[p + 1].byteswap() >> (np.uint64(64) - (width * 8).astype(np.uint64))
+        value = np.where(width == 0, _FIXED[b], big.view(np.int64))
+        signed = _SIGNED[b]
+        if signed.any():
+            half = np.left_shift(1, np.maximum(8 * width - 1, 0))
+            neg = signed & (width < 8) & (value >= half)
+            value[neg] -= 2 * half[neg]
+        wide = (width == 8) & (self.cls == INT) & ~signed
+        need(not (wide & (value < 0)).any(), "ints within int64")
+        four = (self.cls == FLOAT) & (width == 4)
+        if four.any():  # a float32's bits, widened to a float64's
+            value[four] = (
+                value[four].astype(np.uint32).view(np.float32).astype(np.float64).view(np.int64)
+            )
+        self.value = value
+        self.header = 1 + width
+        self.size = self.header + np.where(self.cls == STR, value, 0)
+
+
+def text_keys(words: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """(m, 2) uint64: the first 16 bytes of each string, zero padded (its identity with length)."""
+    need(not (length > MAX_STR).any(), f"strings of at most {MAX_STR} bytes")
+    out = np.empty((len(start), 2), np.uint64)
+    out[:, 0] = words[start] & _MASK[np.minimum(length, 8)]
+    out[:, 1] = words[start + 8] & _MASK[np.clip(length - 8, 0, 8)]
+    return out
+
+
+class Reader:
+    """Cursors into one instruction each, advanced a field at a time."""
+
+    def __init__(self, data: bytes, starts: np.ndarray):
+        self.data = data
+        self.d = np.concatenate([np.frombuffer(data, np.uint8), np.zeros(MAX_STR + 9, np.uint8)])
+        # words[i]: the 8 bytes from byte i as one little-endian uint64 (unaligned reads)
+        self.words = np.ndarray((len(self.d) - 7,), "<u8", self.d, 0, (1,))
+        self.p = starts[:-1].astype(np.int64)
+        self.ends = starts[1:]
+        self.strings: dict[tuple[int, int, int], str] = {}
+
+    def token(self, rows: np.ndarray | None = None, cls: int | None = None) -> Tokens:
+        p = self.p if rows is None else self.p[rows]
+        t = Tokens(self.d, self.words, p)
+        if cls is not None:
+            need(bool((t.cls == cls).all()), "the fields of an instruction")
+        t.at = p  # where each token starts
+        if rows is None:
+            self.p = p + t.size
+        else:
+            self.p[rows] = p + t.size
+        return t
+
+    def ints(self, rows=None) -> np.ndarray:
+        return self.token(rows, INT).value
+
+    def array(self, rows=None) -> np.ndarray:
+        return self.token(rows, ARR).value
+
+    def strs(self, rows=None) -> tuple[np.ndarray, list[str]]:
+        """Each string as a code, and the strings the codes stand for."""
+        t = self.token(rows, STR)
+        return self.codes(t.at + t.header, t.value)
+
+    def codes(self, start: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        keys = text_keys(self.words, start, length)
+        h = _hash_text(keys, length)
+        _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        for column in (keys[:, 0], keys[:, 1], length):  # equal hashes, equal strings
+            need(bool((column == column[first[inverse]]).all()), "no hash collision")
+        names = [self.text(int(start[k]), int(length[k])) for k in first.tolist()]
+        return inverse, names
+
+    def text(self, start: int, length: int) -> str:
+        return self.data[start : start + length].decode("utf-8")  # UnicodeDecodeError: rejected
+
+
+def boundaries(data: bytes) -> np.ndarray:
+    """Byte offsets of each instruction and of the end (n + 1), by skipping, not decoding."""
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    n = unpacker.read_array_header()
+    skip, tell = unpacker.skip, unpacker.tell
+    starts = [tell()]
+    for _ in range(n):
+        skip()
+        starts.append(tell())
+    need(starts[-1] == len(data), "nothing after the instruction list")
+    return np.array(starts, dtype=np.int64)
+
+
+TAIL = 32  # rows left in a lockstep read below which the rest is read row by row
+
+
+def sequence(r: Reader, count: np.ndarray, fields: tuple[int, ...]) -> list[list]:
+    """Read ``count[k]`` arrays of ``fields`` (INT or STR) per row, in lockstep.
+
+    Returns, per field, a list of (rows, values) in reading order, values
+    being ints, or (codes, names) for strings. The few rows with many
+    records (an instruction waiting on hundreds) are read with msgpack once
+    too few rows are left for lockstep to pay.
+    """
+    out: list[list] = [[] for _ in fields]
+    j = 0
+    while (rows := np.flatnonzero(count > j)).size:
+        if rows.size < TAIL:
+            _tail(r, rows, count - j, fields, out)
+            break
+        need(bool((r.array(rows) == len(fields)).all()), "records of fixed length")
+        for f, cls in enumerate(fields):
+            out[f].append((rows, r.ints(rows) if cls == INT else r.strs(rows)))
+        j += 1
+    return out
+
+
+def _tail(r: Reader, rows: np.ndarray, left: np.ndarray, fields: tuple[int, ...], out) -> None:
+    for k in rows.tolist():
+        unpacker = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False)
+        at = int(r.p[k])
+        unpacker.feed(r.data[at : int(r.ends[k])])
+        row = np.array([k])
+        for _ in range(int(left[k])):
+            record = unpacker.unpack()
+            need(type(record) is tuple and len(record) == len(fields), "records of fixed length")
+            for f, (cls, value) in enumerate(zip(fields, record, strict=True)):
+                if cls == INT:
+                    need(type(value) is int and -(1 << 63) <= value < 1 << 63, "an int64")
+                    out[f].append((row, np.array([value], np.int64)))
+                else:
+                    need(type(value) is str, "a string")
+                    out[f].append((row, (np.zeros(1, np.int64), [value])))
+        r.p[k] = at + unpacker.tell()
+
+
+def _hash_text(keys: np.ndarray, length: np.ndarray) -> np.ndarray:
+    return (keys[:, 0] * np.uint64(0x9E3779B97F4A7C15)) ^ keys[:, 1] ^ length.astype(np.uint64)
+
+
+def _pack(text: str) -> tuple[int, int]:
+    raw = text.encode().ljust(MAX_STR, b"\0")
+    return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+
+
+def read_instructions(data: bytes, templates) -> dict:
+    """The columns of ``Columns`` that come from the INSTRUCTIONS section; templates are
+    placed into ``templates`` (a ``sim_templates.Templates``)."""
+    starts = boundaries(data)
+    n = len(starts) - 1
+    need(n > 0, "instructions")
+    r = Reader(data, starts)
+    need(bool((r.array() == 10).all()), "ten fields per instruction")
+    need(bool((r.ints() == np.arange(n)).all()), "dense instruction ids")
+    unit, unit_names = r.strs()
+    opcode, opcode_names = r.strs()
+    acc = _accesses(r, n)
+    r.ints()  # nbytes: an int, as instr_from_obj needs
+    latency = r.ints()
+    deps = sequence(r, r.array(), (INT, STR))
+    dep_ptr, dep_src = _csr(n, deps[0])
+    args_at = r.p.copy()
+    walk = _walk(r, n)
+    args_end = r.p.copy()
+    r.token(None, STR)  # text: a string (of any length), read by no one here
+    need(bool((r.p == r.ends).all()), "ten fields per instruction, nothing after")
+    _group(templates, data, starts, (args_at, args_end), opcode, opcode_names, *walk)
+    return {
+        "unit_names": tuple(unit_names),
+        "unit": unit,
+        "latency": latency,
+        **acc,
+        "dep_ptr": dep_ptr,
+        "dep_src": dep_src,
+    }
+
+
+def _csr(n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Values read position by position, (rows, values) each, as per-row runs with offsets."""
+    counts = np.zeros(n, np.int64)
+    for rows, _ in parts:
+        counts[rows] += 1
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    out = np.zeros(int(ptr[-1]), np.int64)
+    fill = ptr[:-1].copy()
+    for rows, values in parts:  # position j of every row that has one
+        out[fill[rows]] = values
+        fill[rows] += 1
+    return ptr, out
+
+
+def _accesses(r: Reader, n: int) -> dict[str, np.ndarray]:
+    """Reads then writes of each instruction, as the columns of ``Columns``."""
+    from kiln.runners.sim_templates import SPACE_CODES
+
+    parts = []  # (rows, space code, addr, nbytes, is write), position by position
+    for write in (0, 1):
+        spaces, addrs, sizes = sequence(r, r.array(), (STR, INT, INT))
+        for (rows, (codes, names)), (_, addr), (_, size) in zip(spaces, addrs, sizes, strict=True):
+            space = np.array([SPACE_CODES.get(s, -1) for s in names], np.int64)[codes]
+            parts.append((rows, space, addr, size, np.full(len(rows), write)))
+    out = {}
+    for k, name in enumerate(("acc_space", "acc_addr", "acc_end", "acc_write")):
+        out["acc_ptr"], out[name] = _csr(n, [(p[0], p[k + 1]) for p in parts])
+    out["acc_end"] = out["acc_addr"] + out["acc_end"]  # the sizes, until here
+    out["acc_write"] = out["acc_write"].astype(bool)
+    return out
+
+
+def _walk(r: Reader, n: int):
+    """Every token of every row's ``args`` value, step by step (END once a row is done).
+
+    Returns (cls, value, text) with one row per step and one column per
+    instruction; text holds a string's first 16 bytes (two uint64).
+    """
+    remaining = np.ones(n, np.int64)  # values still to read in each row's args
+    cls, value, text = [], [], []
+    while (rows := np.flatnonzero(remaining)).size:
+        need(len(cls) < 512, "args of at most 512 tokens")
+        t = r.token(rows)
+        step_cls = np.zeros(n, np.int8)
+        step_value = np.zeros(n, np.int64)
+        step_text = np.zeros((n, 2), np.uint64)
+        step_cls[rows] = t.cls
+        step_value[rows] = t.value
+        strings = np.flatnonzero(t.cls == STR)
+        if strings.size:
+            at = t.at[strings] + t.header[strings]
+            step_text[rows[strings]] = text_keys(r.words, at, t.value[strings])
+        remaining[rows] -= 1
+        arrays = t.cls == ARR
+        remaining[rows[arrays]] += t.value[arrays]
+        cls.append(step_cls)
+        value.append(step_value)
+        text.append(step_text)
+    return np.array(cls), np.array(value), np.array(text)
+
+
+_MEMORY = [_pack("sram"), _pack("dram")]
+
+
+def _group(templates, data, starts, span, opcode, opcode_names, cls, value, text) -> None:
+    """Rows whose args tokens agree but for operand addresses share a template."""
+    from kiln.runners.sim_templates import _row_keys
+
+    args_at, args_end = span
+    # an address: an int right after the string "sram"/"dram" opening an array of 4 or 5
+    address = np.zeros(cls.shape, dtype=bool)
+    if len(cls) > 2:
+        kind = np.zeros(cls[1:-1].shape, dtype=bool)
+        for lo, hi in _MEMORY:
+            kind |= (text[1:-1, :, 0] == lo) & (text[1:-1, :, 1] == hi) & (value[1:-1] == 4)
+        kind &= cls[1:-1] == STR
+        opens = (cls[:-2] == ARR) & ((value[:-2] == 4) | (value[:-2] == 5))
+        address[2:] = kind & opens & (cls[2:] == INT)
+    key_value = np.where(address, 0, value)
+    h = opcode.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    for t in range(len(cls)):
+        mix = (cls[t].astype(np.uint64) << np.uint64(56)) ^ key_value[t].astype(np.uint64)
+        mix ^= text[t, :, 0] * np.uint64(0xC2B2AE3D27D4EB4F) ^ text[t, :, 1]
+        h = (h ^ mix) * np.uint64(0x100000001B3) + np.uint64(t + 1)
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    same = first[inverse]  # every row equals its group's first row but for addresses
+    for matrix in (cls, key_value, text[:, :, 0], text[:, :, 1]):
+        need(bool((matrix == matrix[:, same]).all()), "no hash collision")
+    need(bool((opcode == opcode[same]).all()), "no hash collision")
+    for g, row in enumerate(first.tolist()):
+        args = msgpack.unpackb(data[args_at[row] : args_end[row]], raw=False, use_list=False)
+        (key,), columns = _row_keys(opcode_names[opcode[row]], (args,))
+        at = np.flatnonzero(address[:, row])
+        rows = np.flatnonzero(inverse == g)
+        first_addrs = [column[0] for column in columns]
+        templates.place(key, first_addrs, value[at][:, rows].T, rows, data, starts)
