@@ -136,23 +136,35 @@ def _write(
     writes each file once.
     """
     root = spec.root.encode()
+    sides = {f for r in records for f in r.files if not f.startswith("dumps/")}
+    doc = manifest.read_doc(str(out))
+    entries = doc.get("files", {})
     for rel, data in sorted(files.items()):
         target = out / rel
         manifest.real_dir(target.parent, out)  # never write through a symlink in the out dir
         if target.is_symlink():
             target.unlink()
         local = data.replace(ROOT_PLACEHOLDER, root)
+        digest = sha256(local)
         if store is not None and local == data:
-            changed = store.place(sha256(data), str(target), data)
+            changed = store.place(digest, str(target), data)
         else:
             changed = write_bytes_atomic(target, local)
         log.info("%s: %s %s", spec.instance, "wrote" if changed else "unchanged", rel)
+        if rel not in sides:  # artifacts and dumps: checked for damage at every load
+            st = os.stat(target)
+            entries[rel] = [st.st_size, st.st_mtime_ns, digest]
     chain_record.write(str(out), records)
-    artifacts = [str(out / s.artifact) for s in spec.chain.stages]
-    dumps = [str(out / path) for s in spec.chain.stages for _, path in s.dumps]
-    sides = [str(out / f) for r in records for f in r.files if not f.startswith("dumps/")]
+    kept = [
+        str(out / rel)
+        for rel in spec.chain.files()
+        if rel not in entries and not any(f.startswith(rel + "/") for f in entries)
+    ]
+    first = spec.chain.stages[0].artifact
     manifest.forget_index(spec.state_dir)
-    manifest.record(str(out), [*artifacts, *dumps], sides=sides)
+    manifest.write(str(out), entries, {first: sorted(sides)})
+    if kept:  # files of kept stages that the manifest lost: hashed from disk
+        manifest.record(str(out), kept)
 
 
 def _written_from_cache(

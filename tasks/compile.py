@@ -11,6 +11,7 @@ stops after the trace and rewrites nothing.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -126,7 +127,9 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
             tuning=tuned,
             tools=tools,
         )
-        inst_parts = dict(parts, kernel=digest_json(trace_fields(trace)))
+        # repr of str/int tuples is canonical: cheaper than JSON for every instance
+        kernel = hashlib.sha256(repr(trace_fields(trace)).encode()).hexdigest()[:16]
+        inst_parts = dict(parts, kernel=kernel)
         if dumps:
             inst_parts["dumps"] = digest_json(sorted(dumps.items()))
         if tuned is not None:

@@ -194,14 +194,21 @@ class ConfigStamps:
     def __init__(self, directory):
         self.directory = str(directory)
         self._made: dict[str, str] = {}
+        self._present: set[str] | None = None  # the stamps on disk, listed once
 
     def path(self, label: str, parts: dict[str, str]) -> str:
         key = f"{label}|{combine(parts)}"
         found = self._made.get(key)
         if found is not None:
             return found
-        name = f"{self.directory}/{label}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
-        if not os.path.exists(name):
+        base = f"{label}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+        name = f"{self.directory}/{base}"
+        if self._present is None:
+            try:
+                self._present = set(os.listdir(self.directory))
+            except OSError:
+                self._present = set()
+        if base not in self._present:
             os.makedirs(self.directory, exist_ok=True)
             tmp = f"{name}.{os.getpid()}.tmp"
             with open(tmp, "w") as f:

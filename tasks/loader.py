@@ -60,6 +60,22 @@ def fail_fast_requested() -> bool:
     return env_flag(FAIL_FAST_ENV, empty=False)  # a value neither on nor off is an error
 
 
+def asked_groups(argv: list[str]) -> tuple[str, ...] | None:
+    """("compile",) when a doit command line runs compile tasks only (or the default
+    tasks, which are the compile tasks): the others need not be made. None: all."""
+    if doit_command(argv) != "run":
+        return None
+    names, args = [], iter(argv)
+    for arg in args:
+        if arg in VALUED_OPTIONS:
+            next(args, None)
+        elif not arg.startswith("-") and arg != "run" and "=" not in arg:
+            names.append(arg)
+    if all(name.partition(":")[0] == "compile" for name in names):
+        return ("compile",)
+    return None
+
+
 def doit_command(argv: list[str]) -> str | None:
     """The doit command an argument list runs (doit's default is `run`); None for --help."""
     args = iter(argv)
@@ -186,7 +202,7 @@ def dodo_namespace(start: Path | None = None) -> dict:
         # KILN_NO_WAIT or a bad KILN_MP_START is one message and exit 2
         lock_for_command(project, sys.argv[1:])
         ns: dict = {"DOIT_CONFIG": doit_config(project)}
-    for basename, gen in all_task_dicts(project):
+    for basename, gen in all_task_dicts(project, groups=asked_groups(sys.argv[1:])):
 
         def task_fn(_gen=gen):
             with exit_on_user_error():
