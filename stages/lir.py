@@ -66,18 +66,41 @@ class _NoFit(Exception):
         self.live = live  # (buffer, bytes) allocated at that point
 
 
-def _liveness(program: visa.Program) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Buffer -> [first, last] instruction index, and buffer -> number of full definitions."""
+@dataclass
+class _Scan:
+    """What lowering needs to know of the whole program before it starts, from one pass."""
+
+    span: dict[str, list[int]]  # buffer -> [first, last] instruction index
+    defs: dict[str, int]  # buffer -> number of full definitions
+    loaded: set[str]  # buffers some load writes
+    ops: dict[str, None]  # opcodes in order of first use
+    stores: list[View]  # every DRAM view written
+
+
+def _scan(program: visa.Program) -> _Scan:
     span: dict[str, list[int]] = {}
     defs: dict[str, int] = {}
+    loaded: set[str] = set()
+    ops: dict[str, None] = {}
+    stores: list[View] = []
     for index, ins in enumerate(program.instrs):
-        for operand in (ins.dst, *ins.srcs):
-            if isinstance(operand, Tile):
-                s = span.setdefault(operand.buf, [index, index])
-                s[1] = index
-        if isinstance(ins.dst, Tile) and not ins.accumulates:
-            defs[ins.dst.buf] = defs.get(ins.dst.buf, 0) + 1
-    return span, defs
+        ops[ins.op] = None
+        dst = ins.dst
+        for operand in (dst, *ins.srcs):
+            if type(operand) is Tile:
+                s = span.get(operand.buf)
+                if s is None:
+                    span[operand.buf] = [index, index]
+                else:
+                    s[1] = index
+        if type(dst) is Tile:
+            if not ins.accumulates:
+                defs[dst.buf] = defs.get(dst.buf, 0) + 1
+            if ins.op == "load":
+                loaded.add(dst.buf)
+        elif type(dst) is View:
+            stores.append(dst)
+    return _Scan(span, defs, loaded, ops, stores)
 
 
 def _first_fit(lives: list[_Live], capacity: int) -> dict[str, int]:
@@ -105,12 +128,11 @@ def _first_fit(lives: list[_Live], capacity: int) -> dict[str, int]:
     return addrs
 
 
-def _allocate(program: visa.Program, options: Options, machine: dict):
+def _allocate(program: visa.Program, options: Options, machine: dict, scan: _Scan):
     """(addresses, slot sizes, double-buffered set); tries less double-buffering before failing."""
     capacity = int(machine["sram_bytes"])
-    span, defs = _liveness(program)
+    span, defs, loaded = scan.span, scan.defs, scan.loaded
     buffers = program.buffer_map()
-    loaded = {i.dst.buf for i in program.instrs if i.op == "load"}
     multi = [b for b in span if defs.get(b, 0) > 1]
     tiers = [multi, [b for b in multi if b in loaded], []] if options.double_buffer else [[]]
     failure = None
@@ -143,16 +165,18 @@ def _allocate(program: visa.Program, options: Options, machine: dict):
 # -- lowering ------------------------------------------------------------------------
 
 
-def _units(program: visa.Program, machine: dict) -> dict[str, int]:
+def _units(program: visa.Program, machine: dict, ops: dict[str, None]) -> dict[str, int]:
+    """The machine's unit counts; StageError for the first opcode (in program order) that
+    is unknown or needs a unit the machine lacks."""
     units = {str(k): int(v) for k, v in machine.get("units", {}).items()}
-    for ins in program.instrs:
-        spec = visa.OPS.get(ins.op)
+    for op in ops:
+        spec = visa.OPS.get(op)
         if spec is None:
-            raise StageError(f"kernel {program.kernel}: unknown vISA opcode {ins.op!r}")
+            raise StageError(f"kernel {program.kernel}: unknown vISA opcode {op!r}")
         if units.get(spec.unit, 0) <= 0:
             raise StageError(
                 f"kernel {program.kernel}: machine {machine.get('name', '?')} has no "
-                f"{spec.unit} units, and the program needs one for {ins.op}",
+                f"{spec.unit} units, and the program needs one for {op}",
                 hint=f"give the machine model a {spec.unit} unit under `units:`",
             )
     return units
@@ -223,10 +247,11 @@ def _view_span(view: View, base: int, size: int, extents: dict) -> tuple[int, in
 
 
 def _run(program: visa.Program, options: Options, machine: dict) -> Program:
-    units = _units(program, machine)
+    scan = _scan(program)
+    units = _units(program, machine, scan.ops)
     buffers = program.buffer_map()
     slots_dram, cursor = _dram_layout(program)
-    addrs, slot_size, twice = _allocate(program, options, machine)
+    addrs, slot_size, twice = _allocate(program, options, machine, scan)
     # per buffer: (address of copy 0, address of copy 1, itemsize, dtype)
     bufs = {
         name: (
@@ -246,12 +271,11 @@ def _run(program: visa.Program, options: Options, machine: dict) -> Program:
     # every DRAM range the program writes, up front: reads of anything else (the inputs)
     # need no dependency tracking
     written: dict[str, list[tuple[int, int]]] = {"dram": []}
-    for ins in program.instrs:
-        if isinstance(ins.dst, View):
-            base, size, _ = views[ins.dst.tensor]
-            addr, nbytes = _view_span(ins.dst, base, size, extents)
-            if nbytes > 0:
-                written["dram"].append((addr, addr + nbytes))
+    for view in scan.stores:
+        base, size, _ = views[view.tensor]
+        addr, nbytes = _view_span(view, base, size, extents)
+        if nbytes > 0:
+            written["dram"].append((addr, addr + nbytes))
     deps = DepTracker(Ranges(written), ("dram",))
     version: dict[str, int] = {}
     busy = {kind: [0] * count for kind, count in units.items()}
@@ -262,12 +286,12 @@ def _run(program: visa.Program, options: Options, machine: dict) -> Program:
 
     def operand(o) -> tuple[tuple, tuple | None, int]:
         """(encoding in args, (space, addr, nbytes) accessed or None, elements)."""
-        if isinstance(o, Tile):
+        if type(o) is Tile:
             addr0, addr1, item, dtype = bufs[o.buf]
             addr = addr1 if version.get(o.buf, 0) % 2 else addr0
             n = math.prod(o.shape)
             return ("sram", addr, dtype, o.shape), ("sram", addr, n * item), n
-        if isinstance(o, View):
+        if type(o) is View:
             base, size, dtype = views[o.tensor]
             lo = _view_span(o, base, size, extents)
             enc = ("dram", base + o.offset * size, dtype, o.shape, o.strides)
@@ -275,37 +299,50 @@ def _run(program: visa.Program, options: Options, machine: dict) -> Program:
         assert isinstance(o, Imm)
         return ("imm", o.value, o.dtype), None, 0
 
+    add, track = table.add, deps.add
     for index, ins in enumerate(program.instrs):
-        kind = _UNIT_OF[ins.op]
-        srcs = [operand(s) for s in ins.srcs]
-        reads = [a for _, a, _ in srcs if a is not None]
-        dst_tile = isinstance(ins.dst, Tile)
-        if ins.accumulates:
-            reads.append(operand(ins.dst)[1])
-        elif dst_tile:
-            version[ins.dst.buf] = version.get(ins.dst.buf, -1) + 1
-        dst, access, elements = operand(ins.dst)
+        op = ins.op
+        kind = _UNIT_OF[op]
+        encs = []
+        reads = []
+        elements = 1
+        for s in ins.srcs:
+            enc, a, k = operand(s)
+            encs.append(enc)
+            if a is not None:
+                reads.append(a)
+            if k > elements:
+                elements = k
+        dst = ins.dst
+        if ins.attrs and ins.accumulates:  # most instructions have no attributes
+            reads.append(operand(dst)[1])
+        elif type(dst) is Tile:
+            version[dst.buf] = version.get(dst.buf, -1) + 1
+        enc, access, k = operand(dst)
+        if k > elements:
+            elements = k
         if len(reads) > 1:
             reads = list(dict.fromkeys(reads))
         moved = access[2] if kind == "dma" else 0
         touched = moved or sum(a[2] for a in reads) + access[2]
-        elements = max(elements, 1, *(e for _, _, e in srcs))
         latency = latency_of(ins, kind, touched, elements)
         loads = busy[kind]
         unit = loads.index(min(loads))  # least loaded, lowest number on ties
         loads[unit] += latency
-        args = {"dst": dst, "srcs": tuple(e for e, _, _ in srcs), **dict(ins.attrs)}
+        args = [("dst", enc), ("srcs", tuple(encs))]
+        if ins.attrs:  # sorted by key, as the instruction's args always are
+            args = sorted({**dict(args), **dict(ins.attrs)}.items())
         writes = (access,)
-        table.add(
+        add(
             index,
             names[kind][unit],
-            ins.op,
+            op,
             reads,
             writes,
             touched,
             latency,
-            deps.add(reads, writes),
-            sorted(args.items()),
+            track(reads, writes),
+            args,
             lines[index],
         )
     peak = max([addrs[b] + slot_size[b] * (2 if b in twice else 1) for b in addrs] + [0])

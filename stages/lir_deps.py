@@ -18,37 +18,46 @@ Span = tuple[str, int, int]  # (space, addr, nbytes): an access as plain values
 
 
 class _IntervalMap:
-    """Byte segments of one memory space -> (last writer, readers since that write)."""
+    """Byte segments of one memory space -> (last writer, readers since that write).
+
+    ``read`` and ``write`` may report the instruction itself as a source; the
+    caller drops it (one test per instruction instead of one per segment).
+    """
 
     def __init__(self) -> None:
         self.starts: list[int] = [0]
         self.state: list[tuple[int | None, list[int]]] = [(None, [])]
 
     def _split(self, x: int) -> int:
-        i = bisect_right(self.starts, x) - 1
-        if self.starts[i] != x:
+        starts = self.starts
+        i = bisect_right(starts, x) - 1
+        if starts[i] != x:
             writer, readers = self.state[i]
             i += 1
-            self.starts.insert(i, x)
-            self.state.insert(i, (writer, list(readers)))
+            starts.insert(i, x)
+            self.state.insert(i, (writer, readers[:]))
         return i
 
     def read(self, lo_addr: int, hi_addr: int, me: int, raw: set[int]) -> None:
-        lo, hi = self._split(lo_addr), self._split(hi_addr)
+        lo = self._split(lo_addr)
+        hi = self._split(hi_addr)
         for writer, readers in self.state[lo:hi]:
             if writer is not None:
                 raw.add(writer)
             readers.append(me)
 
     def write(self, lo_addr: int, hi_addr: int, me: int, waw: set[int], war: set[int]) -> None:
-        lo, hi = self._split(lo_addr), self._split(hi_addr)
-        for writer, readers in self.state[lo:hi]:
-            if writer is not None and writer != me:
+        lo = self._split(lo_addr)
+        hi = self._split(hi_addr)
+        state = self.state
+        for writer, readers in state[lo:hi]:
+            if writer is not None:
                 waw.add(writer)
-            war.update(r for r in readers if r != me)
-        del self.starts[lo + 1 : hi]
-        del self.state[lo + 1 : hi]
-        self.state[lo] = (me, [])
+            war.update(readers)
+        if hi - lo > 1:
+            del self.starts[lo + 1 : hi]
+            del state[lo + 1 : hi]
+        state[lo] = (me, [])
 
 
 class Ranges:
@@ -114,8 +123,9 @@ class DepTracker:
                 if m is None:
                     m = maps[space] = _IntervalMap()
                 m.write(addr, addr + nbytes, me, waw, war)
-        if not (raw or waw or war):
-            return []
+        if not (waw or war):
+            raw.discard(me)
+            return [(src, "raw") for src in sorted(raw)]
         kinds = dict.fromkeys(war, "war")
         kinds.update(dict.fromkeys(waw, "waw"))
         kinds.update(dict.fromkeys(raw, "raw"))

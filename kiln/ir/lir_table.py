@@ -14,7 +14,8 @@ once, on first use, for callers that want them (simulator, reports).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -40,25 +41,6 @@ def map_header(n: int) -> bytes:
     if n < 1 << 16:
         return b"\xde" + n.to_bytes(2, "big")
     return b"\xdf" + n.to_bytes(4, "big")
-
-
-class _Codes:
-    """Strings -> small ints, in first-seen order (unit names, opcodes, spaces, dep kinds)."""
-
-    def __init__(self, names: Iterable[str] = ()) -> None:
-        self.index: dict[str, int] = {}
-        for name in names:
-            self.code(name)
-
-    def code(self, name: str) -> int:
-        c = self.index.get(name)
-        if c is None:
-            c = self.index[name] = len(self.index)
-        return c
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(self.index)
 
 
 class InstrTable(Sequence):
@@ -166,89 +148,88 @@ class InstrTable(Sequence):
 
 
 class TableBuilder:
-    """Appends instructions one at a time (plain Python values) and makes an InstrTable."""
+    """Appends instructions one at a time (plain Python values) and makes an InstrTable.
+
+    ``add`` packs the instruction at once and appends its fields to one list
+    per column; ``finish`` turns the lists into arrays with map/chain (C loops:
+    a Python loop per row over 100k rows cost more than the rest of finish).
+    """
 
     def __init__(self) -> None:
-        self.units, self.opcodes = _Codes(), _Codes()
-        self.spaces, self.kinds = _Codes(SPACES), _Codes(DEP_KINDS)
-        self.ids: list[int] = []
-        self.unit: list[int] = []
-        self.opcode: list[int] = []
-        self.nbytes: list[int] = []
-        self.latency: list[int] = []
-        self.reads: list[list[int]] = [[0], [], [], []]  # offsets, space, addr, nbytes
-        self.writes: list[list[int]] = [[0], [], [], []]
-        self.d_off, self.d_src, self.d_kind = [0], [], []
+        self.cols: tuple[list, ...] = tuple([] for _ in range(5))
+        # reads, writes and deps flattened as they come (while hot in the cache), with counts
+        self.flat: tuple[list, ...] = ([], [], [])
+        self.counts: tuple[list, ...] = ([], [], [])
         self.parts: list[bytes] = []
         self.pack = msgpack.Packer(use_bin_type=True).pack
 
-    def _accesses(self, into: list[list[int]], accesses) -> list[list]:
-        off, space, addr, nbytes = into
-        code = self.spaces.code
-        out = []
-        for s, a, n in accesses:
-            space.append(code(s))
-            addr.append(a)
-            nbytes.append(n)
-            out.append([s, a, n])
-        off.append(len(addr))
-        return out
-
     def add(self, ident, unit, opcode, reads, writes, nbytes, latency, deps, args, text) -> None:
-        """One instruction; ``reads``/``writes``: (space, addr, nbytes); ``deps``: (src, kind)."""
-        self.ids.append(ident)
-        self.unit.append(self.units.code(unit))
-        self.opcode.append(self.opcodes.code(opcode))
-        self.nbytes.append(nbytes)
-        self.latency.append(latency)
-        r = self._accesses(self.reads, reads)
-        w = self._accesses(self.writes, writes)
-        kind = self.kinds.code
-        for src, k in deps:
-            self.d_src.append(src)
-            self.d_kind.append(kind(k))
-        self.d_off.append(len(self.d_src))
-        # the same list instr_to_obj makes, packed now and never again
+        """One instruction: ``reads``/``writes`` of (space, addr, nbytes), ``deps`` of
+        (src, kind), ``args`` of (key, value), sorted by key. Tuples pack as the lists
+        ``instr_to_obj`` makes, so these are the very bytes of the LIR format."""
+        c, f, k = self.cols, self.flat, self.counts
+        c[0].append(ident)
+        c[1].append(unit)
+        c[2].append(opcode)
+        c[3].append(nbytes)
+        c[4].append(latency)
+        f[0].extend(reads)
+        k[0].append(len(reads))
+        f[1].extend(writes)
+        k[1].append(len(writes))
+        f[2].extend(deps)
+        k[2].append(len(deps))
         self.parts.append(
-            self.pack(
-                [
-                    ident,
-                    unit,
-                    opcode,
-                    r,
-                    w,
-                    nbytes,
-                    latency,
-                    [[s, k] for s, k in deps],
-                    [[k, v] for k, v in args],
-                    text,
-                ]
-            )
+            self.pack((ident, unit, opcode, reads, writes, nbytes, latency, deps, args, text))
         )
 
     def finish(self) -> InstrTable:
+        ids, units, opcodes, nbytes, latency = self.cols
+        (reads, writes, deps), (r_n, w_n, d_n) = self.flat, self.counts
         t = InstrTable()
-        i64 = np.int64
-        t.ids = np.array(self.ids, dtype=i64)
-        t.unit = np.array(self.unit, dtype=np.int32)
-        t.opcode = np.array(self.opcode, dtype=np.int32)
-        t.nbytes = np.array(self.nbytes, dtype=i64)
-        t.latency = np.array(self.latency, dtype=i64)
-        for prefix, (off, space, addr, nb) in (("r", self.reads), ("w", self.writes)):
-            setattr(t, f"{prefix}_off", np.array(off, dtype=i64))
-            setattr(t, f"{prefix}_space", np.array(space, dtype=np.int32))
-            setattr(t, f"{prefix}_addr", np.array(addr, dtype=i64))
-            setattr(t, f"{prefix}_nbytes", np.array(nb, dtype=i64))
-        t.d_off = np.array(self.d_off, dtype=i64)
-        t.d_src = np.array(self.d_src, dtype=i64)
-        t.d_kind = np.array(self.d_kind, dtype=np.int32)
-        t.unit_names = self.units.names
-        t.opcode_names = self.opcodes.names
-        t.space_names = self.spaces.names
-        t.kind_names = self.kinds.names
+        t.ids = _ints(ids)
+        t.unit_names, t.unit = _encode(units)
+        t.opcode_names, t.opcode = _encode(opcodes)
+        t.nbytes = _ints(nbytes)
+        t.latency = _ints(latency)
+        t.space_names = SPACES
+        for prefix, flat, counts in (("r", reads, r_n), ("w", writes, w_n)):
+            t.space_names, codes = _encode(list(map(_FIRST, flat)), t.space_names)
+            setattr(t, f"{prefix}_off", _offsets(counts))
+            setattr(t, f"{prefix}_space", codes)
+            setattr(t, f"{prefix}_addr", _ints(flat, _SECOND))
+            setattr(t, f"{prefix}_nbytes", _ints(flat, _THIRD))
+        t.d_off = _offsets(d_n)
+        t.d_src = _ints(deps, _FIRST)
+        t.kind_names, t.d_kind = _encode(list(map(_SECOND, deps)), DEP_KINDS)
         t.blob = b"".join(self.parts)
         t._objs = None
         return t
+
+
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def _ints(values: Sequence, field: Callable | None = None) -> np.ndarray:
+    items = values if field is None else map(field, values)
+    return np.fromiter(items, dtype=np.int64, count=len(values))
+
+
+def _offsets(counts: Sequence[int]) -> np.ndarray:
+    off = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(_ints(counts), out=off[1:])
+    return off
+
+
+def _encode(
+    values: Sequence[str], first: tuple[str, ...] = ()
+) -> tuple[tuple[str, ...], np.ndarray]:
+    """(names, codes): ``first`` keeps its codes, other names follow in order of first use."""
+    names = dict.fromkeys(first)
+    names.update(dict.fromkeys(values))
+    index = {name: n for n, name in enumerate(names)}
+    codes = np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))
+    return tuple(names), codes
 
 
 class SlotTable(Sequence):
@@ -323,14 +304,15 @@ class SlotTable(Sequence):
 
     @staticmethod
     def from_slots(slots: Iterable) -> SlotTable:
-        codes = _Codes()
-        instr, unit, start, end = [], [], [], []
-        for s in slots:
-            instr.append(s.instr)
-            unit.append(codes.code(s.unit))
-            start.append(s.start)
-            end.append(s.end)
-        return SlotTable(instr, unit, start, end, codes.names)
+        slots = tuple(slots)
+        names, unit = _encode([s.unit for s in slots])
+        return SlotTable(
+            [s.instr for s in slots],
+            unit,
+            [s.start for s in slots],
+            [s.end for s in slots],
+            names,
+        )
 
 
 def pack(obj: Any) -> bytes:
