@@ -25,10 +25,11 @@ from kiln.tasks.chain_record import read
 from kiln.tasks.chain_worker import decode_result
 from kiln.tasks.instance_spec import ChainJob, ExecutorSettings, InstanceSpec, source_digests
 from kiln.tasks.pool import PoolExecutor
-from kiln.tasks.remote_exec import DaskExecutor
+from kiln.tasks.remote_exec import ClusterLost, DaskExecutor
 
 from kiln.cache.session import session_for
 from kiln.driver import ChainResult, StageRecord
+from kiln.errors import KilnError
 from kiln.logconfig import get_logger, warn
 
 log = get_logger("tasks")
@@ -60,6 +61,10 @@ class AheadPlan:
         dep = doit.Globals.dep_manager
         try:
             self.executor = self._start()
+        except KilnError as err:
+            # one error, to the first action; every other chain builds here without a word
+            self.lost = True
+            raise err from None
         except Exception as exc:
             self._give_up(f"could not start: {exc}")
             return
@@ -94,11 +99,15 @@ class AheadPlan:
             return PoolExecutor(self.settings.workers, self.root)
         return DaskExecutor(self.settings)
 
-    def _give_up(self, reason: str) -> None:
+    def _give_up(self, reason: str, lost: bool = False) -> None:
         if not self.lost:
             self.lost = True
-            where = "the process pool" if self.settings.kind == "pool" else "the Dask cluster"
-            warn(f"{where} failed ({reason}); building the rest locally")
+            if self.settings.kind == "pool":
+                warn(f"the process pool failed ({reason}); building the rest locally")
+            else:
+                where = self.settings.address or "LocalCluster"
+                text = reason if lost else f"failed ({reason})"
+                warn(f"the Dask scheduler {where} {text}; building the rest locally")
         for future in self.futures.values():
             future.cancel()
         self.futures.clear()
@@ -106,6 +115,10 @@ class AheadPlan:
     def result(self, future: Future) -> tuple[ChainResult | None, int]:
         try:
             data = self.executor.wait(future)
+        except ClusterLost as exc:
+            with self._lock:
+                self._give_up(str(exc), lost=True)
+            return None, 0
         except Exception as exc:
             with self._lock:
                 self._give_up(_reason(exc))

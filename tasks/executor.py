@@ -41,12 +41,12 @@ def source_of(variable: str) -> str:
     return flag[0] if flag and flag[1] == os.environ.get(variable) else variable
 
 
-def resolve_executor(settings: dict | None, root, *, via_store: bool = True) -> dict | None:
+def resolve_executor(settings: dict | None, root) -> dict | None:
     """The executor spec that stage actions carry (None: run in doit's own workers).
 
     ``source`` in the spec says where the address came from, for messages
-    about the scheduler (see tasks/remote_exec.py). ``via_store`` False:
-    results come back directly (kiln tune), so the artifact store may be off.
+    about the scheduler (see tasks/remote_exec.py). A chain's files come back
+    from the worker directly: the artifact cache may be off.
     """
     settings = settings or {}
     file_address = settings.get("address")
@@ -99,8 +99,6 @@ def resolve_executor(settings: dict | None, root, *, via_store: bool = True) -> 
         address, source = file_address, f"executor.address in {FILE}"
     if address:
         check_scheduler_address(address, source)
-    if via_store:
-        require_store()
     return {"kind": "dask", "address": address, "workers": worker_count(), "source": source}
 
 
@@ -121,25 +119,6 @@ def check_scheduler_address(address: str, source: str) -> None:
         hint="the scheduler prints its address when it starts "
         "(`dask scheduler`: 'Scheduler at: tcp://...')",
     )
-
-
-def require_store() -> None:
-    """Refuse KILN_CACHE=0 with Dask: a stage action reaches Dask only through the store.
-
-    Without it every chain was silently built here, and a scheduler that
-    could not be reached went unreported.
-    """
-    from kiln.cache.config import env_flag
-
-    if "KILN_CACHE" in os.environ and not env_flag("KILN_CACHE", empty=True):
-        raise KilnError(
-            "the dask executor hands its results back through the artifact cache, "
-            "which KILN_CACHE turns off",
-            expected="KILN_CACHE unset (or on) with the dask executor",
-            found=f"KILN_CACHE={os.environ['KILN_CACHE']}",
-            hint="unset KILN_CACHE, or build here without "
-            "--executor dask, --scheduler or executor: in pipeline.yaml",
-        )
 
 
 def scheduler_host_port(address: str) -> tuple[str, int] | None:

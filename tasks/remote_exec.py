@@ -31,6 +31,10 @@ CONNECT_TIMEOUT = 10  # seconds to reach a scheduler before the build gives it u
 POLL = 0.5  # seconds between looks at a lost connection while waiting for a chain
 
 
+class ClusterLost(ConnectionError):
+    """The cluster cannot build: the reason completes "the Dask scheduler X ..."."""
+
+
 class DaskExecutor:
     """A Client of the build's scheduler (or of a LocalCluster it starts and closes)."""
 
@@ -55,8 +59,9 @@ class DaskExecutor:
         return self.client.submit(run_job, wire, pure=False)
 
     def wait(self, future) -> bytes:
-        """The chain's bytes; an error when the cluster is gone for CONNECT_TIMEOUT."""
-        lost_since = None
+        """The chain's bytes; ClusterLost when the scheduler is gone, or has had no
+        workers, for CONNECT_TIMEOUT."""
+        lost_since = idle_since = None
         while True:
             try:
                 return future.result(timeout=POLL)
@@ -65,12 +70,25 @@ class DaskExecutor:
             except Exception as exc:
                 if type(exc).__name__ != "TimeoutError":
                     raise
-            if self.client.status == "running":
-                lost_since = None
-            elif lost_since is None:
-                lost_since = time.monotonic()
-            elif time.monotonic() - lost_since > CONNECT_TIMEOUT:
-                raise ConnectionError(f"lost the scheduler ({self.client.status})")
+            now = time.monotonic()
+            if self.client.status != "running":
+                lost_since = lost_since or now
+                if now - lost_since > CONNECT_TIMEOUT:
+                    raise ClusterLost(f"lost the scheduler ({self.client.status})")
+                continue
+            lost_since = None
+            if self._workers():
+                idle_since = None
+            else:
+                idle_since = idle_since or now
+                if now - idle_since > CONNECT_TIMEOUT:
+                    raise ClusterLost(f"has had no workers for {CONNECT_TIMEOUT} s")
+
+    def _workers(self) -> int:
+        try:
+            return len(self.client.scheduler_info().get("workers", {}))
+        except Exception:  # asked while the connection drops: the status says so next
+            return 1
 
     def close(self) -> None:
         client, self.client = self.client, None

@@ -232,7 +232,7 @@ def tuning_client(project: Project):
     or None to price them here; workers running other Kiln code are refused."""
     from kiln.tasks.executor import resolve_executor
 
-    executor = resolve_executor(project.pipeline.executor, project.root, via_store=False)
+    executor = resolve_executor(project.pipeline.executor, project.root)
     if executor is None:
         return None
     from kiln.tasks.remote_exec import STALE_WORKERS_HINT, dask_client, kiln_code_digest
