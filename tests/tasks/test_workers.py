@@ -1,4 +1,6 @@
-"""`-n` workers (kiln/tasks/workers.py): any start method, same bytes, no heavy imports to spare."""
+"""`-n` workers (tasks/pool.py, tasks/workers.py): any start method, same bytes, no heavy
+imports to spare. The builds that must reach the pool run with KILN_CACHE=0: a chain the
+artifact cache holds is written by its own task and never sent to a worker."""
 
 from __future__ import annotations
 
@@ -17,14 +19,26 @@ from tests.support.ctrl_c import answer_ctrl_c
 from tests.support.processes import child_pids, is_alive
 from tests.tasks.artifacts import clean_build, snapshot
 
+NO_CACHE = {"KILN_CACHE": "0"}  # every chain is compiled: the pool's workers run them
+
+
+def profile(project) -> list[dict]:
+    """The records of the compile tasks the last build ran (.kiln/profile.json)."""
+    records = json.loads((project / ".kiln" / "profile.json").read_text())["tasks"]
+    return [r for r in records if r["outcome"] == "ran"]
+
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_parallel_build_under_start_method_matches_a_plain_build(project, method):
     reference = clean_build(project)
-    proc = run_kiln(project, "compile", "-n", "2", env={"KILN_MP_START": method}, timeout=300)
+    env = dict(NO_CACHE, KILN_MP_START=method)
+    proc = run_kiln(project, "compile", "-n", "2", env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "20 ran, 0 up to date, 0 failed" in proc.stdout
+    assert "4 ran, 0 up to date, 0 failed (0 fetched, 4 compiled)" in proc.stdout
     assert snapshot(project) == reference
+    # every chain ran in a pool worker (lanes 1 and 2), none in the build process (lane 0)
+    ran = profile(project)
+    assert len(ran) == 4 and {r["worker"] for r in ran} <= {1, 2}
 
 
 def test_unknown_start_method_is_a_clear_error(project):
@@ -51,39 +65,41 @@ print("kiln.stages.visa" in sys.modules, "numpy" in sys.modules, p.exitcode)
 
 
 def test_a_parallel_build_from_a_warm_cache_writes_whole_chains_and_the_same_bytes(project):
-    # each chain's tasks all run in one worker (tasks/affinity.py), so its first task
-    # writes the chain from the cache and the later ones find their artifact settled
+    # one cache entry per chain: each task writes its whole chain from the cache
     reference = clean_build(project)  # fills the local cache
-    log = project / "cache.log"
-    env = {"KILN_LOG_INFO": "1", "KILN_LOG_FILE": str(log)}
-    proc = run_kiln(project, "compile", "-n", "2", env=env)
+    proc = run_kiln(project, "compile", "-n", "2")
     assert proc.returncode == 0, proc.stderr
-    assert "20 ran, 0 up to date, 0 failed (20 fetched, 0 compiled)" in proc.stdout
+    assert "4 ran, 0 up to date, 0 failed (4 fetched, 0 compiled)" in proc.stdout
     assert snapshot(project) == reference
-    # 4 instances: each first stage found in the cache, its 4 later stages written ahead
-    lines = log.read_text().splitlines()
-    ahead = [line for line in lines if line.endswith("(written ahead)")]
-    assert len(ahead) == 16 and all(" hit from cache " in line for line in ahead), lines
+    # nothing was compiled: no chain's stage ran, here or in a worker
+    ran = profile(project)
+    assert len(ran) == 4 and all("stages" not in r for r in ran)
     again = run_kiln(project, "compile", "-n", "2")
-    assert "0 ran, 20 up to date" in again.stdout, again.stdout
+    assert "0 ran, 4 up to date" in again.stdout, again.stdout
     # every file the walk wrote is in its instance's manifest: `kiln clean` removes it
     run_kiln(project, "clean", check=True)
     assert [name for name in snapshot(project) if not name.endswith(".json")] == []
 
 
 def test_the_profile_of_a_parallel_build_names_the_worker_of_each_task(project):
-    proc = run_kiln(project, "compile", "-n", "2")
+    proc = run_kiln(project, "compile", "-n", "2", env=NO_CACHE)
     assert proc.returncode == 0, proc.stderr
-    records = json.loads((project / ".kiln" / "profile.json").read_text())["tasks"]
-    ran = [r for r in records if r["outcome"] == "ran"]
-    assert len(ran) == 20 and {r["worker"] for r in ran} <= {0, 1}
-    # a chain's stages all ran on the worker that ran its first one (tasks/affinity.py)
-    by_instance: dict[str, set[int]] = {}
+    ran = profile(project)
+    # one task per instance, each run by one of the two pool workers (lanes 1 and 2)
+    assert sorted(r["task"] for r in ran) == [
+        "compile:gemm.small",
+        "compile:gemm.wide",
+        "compile:softmax.small",
+        "compile:vector_add.small",
+    ]
+    assert {r["worker"] for r in ran} <= {1, 2}
+    # each record holds its chain's stage spans, in order, within the task's own times
+    stages = ["trace", "visa", "lir", "schedule", "edf"]
     for r in ran:
-        by_instance.setdefault(r["task"].rsplit(".", 1)[0], set()).add(r["worker"])
-    assert len(by_instance) == 4 and all(len(w) == 1 for w in by_instance.values())
+        assert [name for name, _, _ in r["stages"]] == stages
+        assert r["start"] == r["stages"][0][1] <= r["stages"][-1][2] == r["end"]
     # the times are the worker's own: one worker's tasks never overlap
-    for worker in (0, 1):
+    for worker in (1, 2):
         spans = sorted((r["start"], r["end"]) for r in ran if r["worker"] == worker)
         assert all(a[0] <= a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
 
@@ -97,7 +113,7 @@ def test_ctrl_c_stops_a_parallel_build_cleanly_and_the_next_build_finishes_it(pr
         }
     (project / "pipeline.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
     reference = clean_build(project)
-    env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"))
+    env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"), **NO_CACHE)
     build = subprocess.Popen(
         [sys.executable, "-m", "kiln", "compile", "-n", "2"],
         cwd=project,
