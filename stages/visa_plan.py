@@ -8,6 +8,7 @@ every value that lives in DRAM its tensor. Used by stages/visa.py.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from itertools import product
@@ -120,14 +121,21 @@ def iter_boxes(
 
 def compact_view(view: View) -> View:
     """Drop size-1 dims and merge dims that are contiguous with each other."""
-    dims = [(d, s) for d, s in zip(view.shape, view.strides, strict=True) if d != 1]
+    shape, strides = _compact(view.shape, view.strides)
+    return View(view.tensor, view.offset, shape, strides)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compact(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple, tuple]:
+    # memoized: a large kernel's views repeat a few (shape, strides) at many offsets
+    dims = [(d, s) for d, s in zip(shape, strides, strict=True) if d != 1]
     merged: list[tuple[int, int]] = []
     for d, s in dims:
         if merged and merged[-1][1] == d * s:
             merged[-1] = (merged[-1][0] * d, s)
         else:
             merged.append((d, s))
-    return View(view.tensor, view.offset, tuple(d for d, _ in merged), tuple(s for _, s in merged))
+    return tuple(d for d, _ in merged), tuple(s for _, s in merged)
 
 
 def rounded_imm(value, dtype: str) -> Imm:

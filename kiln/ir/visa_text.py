@@ -6,6 +6,7 @@ error names the line, what was expected and what was found.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -44,11 +45,21 @@ def format_imm(imm: Imm) -> str:
 
 def format_operand(operand: Operand) -> str:
     if isinstance(operand, Tile):
-        return f"%{operand.buf}{_dims(operand.shape)}"
+        return _tile_text(operand.buf, operand.shape)
     if isinstance(operand, View):
-        dims = ",".join(f"{d}:{s}" for d, s in zip(operand.shape, operand.strides, strict=False))
-        return f"@{operand.tensor}+{operand.offset}[{dims}]"
+        return f"@{operand.tensor}+{operand.offset}{_view_dims(operand.shape, operand.strides)}"
     return format_imm(operand)
+
+
+# memoized: a large program repeats a few tiles, and a few view shapes at many offsets
+@functools.lru_cache(maxsize=4096)
+def _tile_text(buf: str, shape: tuple[int, ...]) -> str:
+    return f"%{buf}{_dims(shape)}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _view_dims(shape: tuple[int, ...], strides: tuple[int, ...]) -> str:
+    return "[" + ",".join(f"{d}:{s}" for d, s in zip(shape, strides, strict=False)) + "]"
 
 
 def _format_attr(value: Any) -> str:
