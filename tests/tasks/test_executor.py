@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 from kiln.tasks import executor
@@ -130,43 +131,108 @@ def test_dask_without_the_extra_is_one_message_naming_it(monkeypatch):
 
 
 def test_worker_refuses_a_client_with_other_stage_code():
-    from kiln.tasks.chain_worker import run_chain
+    from kiln.tasks.chain_worker import decode_result, run_job
+    from kiln.tasks.instance_spec import ChainJob
 
-    payload = {
-        "stages": [{"stage": "lir", "module": "kiln.stages.lir", "code": "0" * 16}],
-        "machine": {},
-        "input": b"",
-        "input_module": "kiln.stages.visa",
-    }
-    result = run_chain(payload)
-    assert "kiln.stages.lir" in result["refused"] and "0" * 16 in result["refused"]
+    from kiln.driver import BuildInfo, ChainSpec, StageSpec, TraceSpec
+
+    chain = ChainSpec(
+        instance="k.small",
+        trace=TraceSpec(module="kernels.k", function="k", bindings=(("N", 4),)),
+        stages=(
+            StageSpec(
+                name="lir",
+                module="kiln.stages.lir",
+                options="{}",
+                code="0" * 16,
+                artifact="kernel.lir",
+            ),
+        ),  # fmt: skip
+        machine="{}",
+        build=BuildInfo(kernel="kernels/k.py", shapes="small", compiler="c"),
+    )
+    # a job from another machine carries its sources: a worker checks the stage code first
+    job = ChainJob(chain=chain, digests=(("kernels/k.py", "0" * 64),), sources=(("k.py", b""),))
+    result, pid, refused = decode_result(run_job(job.to_wire()))
+    assert result is None and pid == 0
+    assert "kiln.stages.lir" in refused and "0" * 16 in refused
 
 
-def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_file(
-    project, tmp_path_factory
-):
-    import importlib
-    import types
-
-    from kiln.tasks.chain_worker import _take_input
+def compiled_vector_add(project):
+    """(its InstanceSpec, its out dir) after a `kiln compile vector_add` of ``project``."""
+    from doit.loader import generate_tasks
+    from kiln.tasks.compile import compile_tasks, instance_spec
+    from kiln.tasks.project import Project
 
     from tests.conftest import run_kiln
 
     run_kiln(project, "compile", "vector_add", check=True)
-    out = next(p.parent for p in (project / "build").rglob("kernel.edf"))
-    work = tmp_path_factory.mktemp("worker")
+    found = Project(project / "pipeline.yaml")
+    (inst,) = [i for i in found.instances if i.name == "vector_add.small"]
+    (task,) = [t for t in generate_tasks("compile", compile_tasks(found, [inst])) if t.actions]
+    spec = instance_spec(task)
+    return spec, Path(spec.out_dir)
+
+
+def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_file(project):
+    import types
+
+    from kiln.driver import DECODE, Stage
+
+    _, out = compiled_vector_add(project)
     for module, name in (
         ("kiln.stages.trace", "graph.json"),
         ("kiln.stages.visa", "kernel.visa"),
         ("kiln.stages.lir", "kernel.lir"),
         ("kiln.stages.schedule", "kernel.sched"),
     ):
-        stage = importlib.import_module(module)
+        stage = Stage.load(module)
         data = (out / name).read_bytes()
-        assert _take_input(stage, data, work, 1) == stage.read(out / name), module
+        expected = stage.module.read(out / name)
+        assert stage.decode(data, name) == expected, module
         # a stage without decode (a user's own) still works: through a file and read
-        plain = types.SimpleNamespace(read=stage.read)
-        assert _take_input(plain, data, work, 1) == stage.read(out / name), module
+        plain = Stage(types.SimpleNamespace(read=stage.module.read), frozenset())
+        assert DECODE not in plain.capabilities
+        assert plain.decode(data, name) == expected, module
+
+
+@pytest.fixture
+def project_imports(monkeypatch):
+    """run_job imports the project's kernels in this process, as a pool worker does: undone."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.partition(".")[0] == "kernels":
+            del sys.modules[name]
+
+
+def test_a_pool_job_keeps_every_stage_the_record_vouches_for(project, project_imports):
+    from kiln.tasks import chain_record
+    from kiln.tasks.chain_worker import decode_result, run_job
+    from kiln.tasks.instance_spec import ChainJob, source_digests
+
+    spec, out = compiled_vector_add(project)
+    known = chain_record.read(str(out))
+    assert list(known) == ["trace", "visa", "lir", "schedule", "edf"]
+    digests = tuple(sorted(source_digests(spec).items()))
+    job = ChainJob(
+        chain=spec.chain, digests=digests, root=spec.root, out_dir=spec.out_dir,
+        known=tuple(known.values()),
+    )  # fmt: skip
+    result, pid, refused = decode_result(run_job(job.to_wire()))
+    assert refused is None and pid > 0
+    # early cutoff in the worker: nothing ran, nothing to write, the same records
+    assert result.ran == [] and result.files == {}
+    assert result.records == list(known.values())
+    # with no record, the whole chain runs and makes the very bytes the build wrote
+    fresh = ChainJob(chain=spec.chain, digests=digests, root=spec.root, out_dir=spec.out_dir)
+    result, _, _ = decode_result(run_job(fresh.to_wire()))
+    assert result.ran == ["trace", "visa", "lir", "schedule", "edf"]
+    for stage in spec.chain.stages:
+        assert result.files[stage.artifact] == (out / stage.artifact).read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -200,12 +266,9 @@ def test_n_zero_with_dask_is_rejected_naming_the_flag(clean_env):
     assert args.process == 0
 
 
-def test_dask_with_the_store_turned_off_is_an_error_not_a_silent_local_build(clean_env):
-    # chains reach Dask only through the store: KILN_CACHE=0 built everything here, unsaid
+def test_dask_with_the_store_turned_off_is_accepted(clean_env):
+    # a chain's files come back from the worker directly, not through the store
     pytest.importorskip("distributed")
     clean_env.setenv("KILN_CACHE", "0")
-    err = error_of({"kind": "dask", "address": "tcp://127.0.0.1:1"})
-    assert "KILN_CACHE" in err.message and err.found == "KILN_CACHE=0"
-    # kiln tune gets its trials back from Dask directly: the store may be off
-    found = resolve_executor({"kind": "dask"}, ".", via_store=False)
-    assert found is not None and found["kind"] == "dask"
+    found = resolve_executor({"kind": "dask", "address": "tcp://127.0.0.1:1"}, ".")
+    assert found is not None and found["address"] == "tcp://127.0.0.1:1"
