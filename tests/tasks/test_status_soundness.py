@@ -1,7 +1,7 @@
 """kiln status is exact, and every incremental build equals a clean build byte for byte.
 
-A sequence of edits of every kind (comment, real change, pipeline option,
-machine, deleted artifact, corrupted artifact, tuning record); after each,
+A shuffled sequence of edits of every kind (comment, real change, pipeline
+option, machine, deleted artifact, corrupted artifact, a new tuning record); after each,
 `kiln status` names the instances the next build runs and the stage each
 starts at, the build runs exactly those, and its files equal a clean build
 of the same project made in another directory.
@@ -68,6 +68,8 @@ def edit(kind: str, project, rng: random.Random) -> None:
         pipeline.write_text(
             text.replace("machine: npu-v1\nkernels:", "machine: npu-tiny\nkernels:", 1)
         )
+    elif kind == "tuning":
+        run_kiln(project, "tune", "softmax", "--budget", "4", env=ENV, check=True)
     elif kind == "deleted":
         (inst / "kernel.sched").unlink()
     elif kind == "corrupted":
@@ -77,7 +79,7 @@ def edit(kind: str, project, rng: random.Random) -> None:
 def test_random_edit_sequences_build_what_status_predicts_and_equal_clean_builds(project, tmp_path):
     rng = random.Random(7)
     run_kiln(project, "compile", env=ENV, check=True)
-    kinds = ["comment", "real", "option", "deleted", "corrupted", "machine"]
+    kinds = ["comment", "real", "option", "deleted", "corrupted", "machine", "tuning"]
     rng.shuffle(kinds)
     for step, kind in enumerate(kinds):
         edit(kind, project, rng)
@@ -90,5 +92,7 @@ def test_random_edit_sequences_build_what_status_predicts_and_equal_clean_builds
             assert expected_starts == {"compile:gemm.small": "schedule"}
         if kind == "option":
             assert set(expected_starts.values()) == {"schedule"}
+        if kind == "tuning":  # the record of softmax.small alone; its trace is kept
+            assert expected_starts == {"compile:softmax.small": "visa"}
         if kind in ("real", "comment"):
             assert set(expected_starts.values()) == {"trace"}
