@@ -85,6 +85,7 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     drop_damaged([str(inst.out_dir) for inst in chosen], str(project.state_dir))
     out_root, state = str(project.out_dir), str(project.state_dir)
     per_kernel: dict[tuple, tuple] = {}
+    stage_specs: dict[tuple, tuple[StageSpec, ...]] = {}  # shared by most instances
     specs: dict[str, InstanceSpec] = {}
     for inst in chosen:
         kernel_spec = pipeline.kernel(inst.kernel)
@@ -98,17 +99,20 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
             per_kernel[shared] = _kernel_parts(project, inst.kernel, rows)
         stage_rows, machine, parts = per_kernel[shared]
         dumps = instance_dumps(project, inst) if pipeline.dumps else {}
-        stages = tuple(
-            StageSpec(
-                name=stage.name,
-                module=stage.module,
-                options=options,
-                code=code,
-                artifact=artifact,
-                dumps=tuple(dumps.get(stage.name, ())),
+        stages_key = (shared, repr(dumps))
+        stages = stage_specs.get(stages_key)
+        if stages is None:
+            stages = stage_specs[stages_key] = tuple(
+                StageSpec(
+                    name=stage.name,
+                    module=stage.module,
+                    options=options,
+                    code=code,
+                    artifact=artifact,
+                    dumps=tuple(dumps.get(stage.name, ())),
+                )
+                for (stage, options, code, artifact) in stage_rows
             )
-            for (stage, options, code, artifact) in stage_rows
-        )
         dtype, dtypes = project.trace_dtypes(inst.kernel)
         trace = TraceSpec(
             module=inst.source.module,
