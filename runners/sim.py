@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
 from kiln.runners.base import KernelArtifacts, Runner, RunResult
-from kiln.runners.sim_exec import Step, bind, bind_template
+from kiln.runners.sim_bind import bind_plan
+from kiln.runners.sim_exec import Step, bind, run_steps
 from kiln.runners.sim_plan import Plan, checked_plan, plan_of_program
 
 from kiln.errors import ArtifactError, Location, TargetError
@@ -140,14 +140,7 @@ class SimBinary:
         program = cols.program
         dram = np.zeros(program.dram_bytes, dtype=np.uint8)
         sram = np.zeros(program.sram_bytes, dtype=np.uint8)
-        steps: list[Step] = []
-        firsts = []
-        for t, fast in zip(cols.templates, plan.fast, strict=True):
-            bound = bind_template(t, fast, cols.generic, dram, sram)
-            firsts.append(bound[0])
-            steps += bound
-        if len(steps) > 1:
-            steps = list(itemgetter(*plan.gather)(steps))
+        steps, firsts = bind_plan(cols.templates, plan.fast, cols.generic, plan.gather, dram, sram)
         binary = SimBinary(
             program, cols.metadata, dram, sram, steps, plan.count, plan.makespan,
             plan.busy, "columns", source,
@@ -258,8 +251,7 @@ class SimRunner(Runner):
         start = time.perf_counter()
         try:
             with np.errstate(all="ignore"):
-                for step in prepared.steps:
-                    step()
+                run_steps(prepared.steps)
         except LirExecError as exc:
             raise TargetError(f"{program.kernel}: simulation failed: {exc}") from None
         elapsed = time.perf_counter() - start

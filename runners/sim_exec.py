@@ -20,11 +20,12 @@ instructions are then rows of one strided "window" array over the memory
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
-from operator import attrgetter, setitem
+from operator import attrgetter, call, setitem
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,14 +33,15 @@ from numpy.lib.stride_tricks import as_strided
 
 from kiln.ir.interp import NUMPY_DTYPES
 from kiln.ir.lir import Instr
-from kiln.ir.lir_exec import OPCODES, apply, bind_operands
+from kiln.ir.lir_exec import apply, bind_operands
 
 if TYPE_CHECKING:
     from kiln.runners.sim_templates import Operand, Template
 
 Step = Callable[[], None]
-# views of every row: the destination's, then one list per source
-Build = Callable[..., list[Step]]
+# views of every row (the destination's, then one list per source) -> per row, a step's
+# (callable, *arguments): steps are made later, in the order they run
+Build = Callable[..., list[tuple]]
 
 _F32 = np.dtype(np.float32)
 _I32 = np.dtype(np.int32)
@@ -99,14 +101,14 @@ def _copy(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
         return None
     # same dtype and shape: an element copy, as np.copyto; setitem is the cheaper call
     reshape = {} if src.shape == dst.shape else {0: dst.shape}
-    return Fast(lambda d, s: list(map(partial, repeat(setitem), d, repeat(Ellipsis), s)), reshape)
+    return Fast(lambda d, s: list(zip(repeat(setitem), d, repeat(Ellipsis), s)), reshape)
 
 
 def _fill(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
     if srcs[0].const is None:  # a memory source: its value is known only when it runs
         return None
     value = srcs[0].const.astype(dst.dtype)
-    return Fast(lambda d, s: list(map(partial, map(attrgetter("fill"), d), repeat(value))), {})
+    return Fast(lambda d, s: list(zip(map(attrgetter("fill"), d), repeat(value))), {})
 
 
 def _binary(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
@@ -124,11 +126,8 @@ def _binary(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
     except ValueError:
         return None
     if ufunc in _OUT_BY_KEYWORD:
-        return Fast(
-            lambda d, a, b: [partial(ufunc, x, y, out=z) for x, y, z in zip(a, b, d, strict=False)],
-            {},
-        )
-    return Fast(lambda d, a, b: list(map(partial, repeat(ufunc), a, b, d)), {})
+        return Fast(lambda d, a, b: list(zip(repeat(_out_by_keyword), repeat(ufunc), a, b, d)), {})
+    return Fast(lambda d, a, b: list(zip(repeat(ufunc), a, b, d)), {})
 
 
 def _unary(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
@@ -141,7 +140,11 @@ def _unary(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
             return None
     except ValueError:
         return None
-    return Fast(lambda d, a: list(map(partial, repeat(ufunc), a, d)), {})
+    return Fast(lambda d, a: list(zip(repeat(ufunc), a, d)), {})
+
+
+def _out_by_keyword(ufunc: np.ufunc, a: np.ndarray, b: np.ndarray, dst: np.ndarray) -> None:
+    ufunc(a, b, out=dst)
 
 
 def _mma_acc(a: np.ndarray, b: np.ndarray, dst: np.ndarray) -> None:
@@ -157,11 +160,16 @@ def _mma(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
     if a.shape[1] != b.shape[0] or dst.shape != (a.shape[0], b.shape[1]):
         return None
     fn = _mma_acc if arg("acc") else np.matmul
-    return Fast(lambda d, a, b: list(map(partial, repeat(fn), a, b, d)), {})
+    return Fast(lambda d, a, b: list(zip(repeat(fn), a, b, d)), {})
 
 
-def _reduce_acc(ufunc: np.ufunc, src: np.ndarray, axes: tuple, dst: np.ndarray) -> None:
-    ufunc(dst, ufunc.reduce(src, axes, None, None, True), out=dst)
+def _reduce_acc(ufunc, src: np.ndarray, axes: tuple, part: np.ndarray, dst: np.ndarray) -> None:
+    """dst = dst (op) reduce(src), the reduction first into ``part`` (a template's scratch)."""
+    ufunc.reduce(src, axes, None, part, True)
+    if ufunc in _OUT_BY_KEYWORD:
+        ufunc(dst, part, out=dst)
+    else:
+        ufunc(dst, part, dst)
 
 
 def _reduce(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
@@ -178,16 +186,23 @@ def _reduce(opcode: str, arg: Arg, dst: Spec, srcs: list[Spec]) -> Fast | None:
     if kept != dst.shape:
         return None
     if arg("acc"):
+        scratch = (dst.shape, dst.dtype)  # one per binding: where the reduction goes first
         return Fast(
-            lambda d, s: list(map(partial, repeat(_reduce_acc), repeat(ufunc), s, repeat(axes), d)),
+            lambda d, s: list(
+                zip(
+                    repeat(_reduce_acc),
+                    repeat(ufunc),
+                    s,
+                    repeat(axes),
+                    repeat(np.empty(*scratch)),
+                    d,
+                )
+            ),
             {},
         )
     reduce = ufunc.reduce  # (array, axis, dtype, out, keepdims): positional, the cheaper call
     return Fast(
-        lambda d, s: list(
-            map(partial, repeat(reduce), s, repeat(axes), repeat(None), d, repeat(True))
-        ),
-        {},
+        lambda d, s: list(zip(repeat(reduce), s, repeat(axes), repeat(None), d, repeat(True))), {}
     )
 
 
@@ -257,58 +272,6 @@ def extent(op: Operand) -> int:
     )
 
 
-def _views(op: Operand, addrs: np.ndarray, memory: np.ndarray, shape=None) -> list:
-    """The view of ``op`` at each address, as operand_array builds it (bounds checked before)."""
-    dtype = NUMPY_DTYPES[op.dtype]
-    if op.kind == "imm":
-        return [np.asarray(op.value, dtype=dtype)] * len(addrs)
-    strides = byte_strides(op, dtype)
-    if math.prod(op.shape) == 0:
-        return [np.zeros(op.shape, dtype=dtype) for _ in range(len(addrs))]
-    if shape is not None:  # the same elements viewed in another shape (a copy's source)
-        probe = as_strided(np.zeros(1, dtype), op.shape, strides)
-        probe.shape = shape
-        strides = probe.strides
-    else:
-        shape = op.shape
-    size = dtype.itemsize
-    span = extent(op)
-    aligned = addrs % size == 0
-    # one array whose row i is the view at byte i * itemsize: a row's view is an index
-    rows = (memory.size - span) // size + 1
-    window = np.ndarray((rows, *shape), dtype, memory, 0, (size, *strides))
-    get = window.__getitem__
-    if aligned.all():  # the usual case: every view an index, no Python code per view
-        index = (addrs // size).tolist()
-        return list(map(get, zip(index, repeat(Ellipsis)) if not shape else index))
-    views: list = [None] * len(addrs)
-    for k, addr in enumerate(addrs.tolist()):
-        if addr % size:
-            views[k] = np.ndarray(shape, dtype, memory, addr, strides)
-        else:  # 0-d: an Ellipsis makes it a view, not a scalar
-            views[k] = get((addr // size, Ellipsis) if not shape else addr // size)
-    return views
-
-
-def bind_template(
-    t: Template, fast: Fast | None, instrs: dict[int, Instr], dram: np.ndarray, sram: np.ndarray
-) -> list[Step]:
-    """One step per row of ``t``, in row order (operands checked in bounds beforehand)."""
-    memories = {"sram": sram, "dram": dram}
-    dst = _views(t.dst, t.addrs[:, 0], memories[t.dst.kind])
-    reshape = fast.reshape if fast is not None else {}
-    srcs = [
-        _views(s, t.addrs[:, k + 1], memories.get(s.kind), reshape.get(k))
-        for k, s in enumerate(t.srcs)
-    ]
-    if fast is not None:
-        return fast.build(dst, *srcs)
-    semantics = OPCODES[t.opcode]
-    rows = [instrs[k] for k in t.rows.tolist()]
-    src_lists = list(map(list, zip(*srcs, strict=False))) if srcs else [[] for _ in rows]
-    return list(map(partial, repeat(apply), repeat(semantics), rows, dst, src_lists))
-
-
 def bind(instr: Instr, dram: np.ndarray, sram: np.ndarray) -> Step:
     """A step that runs one ``instr`` on these two memories (views built now, once)."""
     semantics, dst, srcs = bind_operands(instr, dram, sram)
@@ -330,10 +293,13 @@ def bind(instr: Instr, dram: np.ndarray, sram: np.ndarray) -> Step:
                 break
             views[k] = view
         if chosen is not None:
-            return chosen.build([dst], *([v] for v in views))[0]
+            return partial(*chosen.build([dst], *([v] for v in views))[0])
     return partial(apply, semantics, instr, dst, srcs)
 
 
 def run_steps(steps: Sequence[Step]) -> None:
-    for step in steps:
-        step()
+    """Call every step in order; the loop is in C (about 40 ns a step less than ``for``)."""
+    _drain(map(call, steps))
+
+
+_drain = deque(maxlen=0).extend

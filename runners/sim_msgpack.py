@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
-from kiln.runners.sim_templates import need
+from kiln.runners.sim_templates import SPACE_CODES, need
 
 # token classes
 END, INT, STR, ARR, FLOAT, BAD = range(6)
@@ -48,6 +48,10 @@ MAX_STR = 16  # strings are compared by their first 16 bytes and length; longer:
 
 
 _MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
+_SHIFT = (np.uint64(64) - (_WIDTH * 8).astype(np.uint64)).astype(np.uint64)  # to the value
+_HEADER = 1 + _WIDTH
+_INLINE = _WIDTH == 0  # the value is in the type byte
+_RARE = (_CLS == BAD) | _SIGNED | np.isin(np.arange(256), (0xCF, 0xCA))  # checked apart
 
 
 class Tokens:
@@ -56,26 +60,28 @@ class Tokens:
     def __init__(self, d: np.ndarray, words: np.ndarray, p: np.ndarray):
         b = d[p]
         self.cls = _CLS[b]
+        # the 8 bytes after the type byte, big-endian, shifted down to the value's width
+        value = (words[p + 1].byteswap() >> _SHIFT[b]).view(np.int64)
+        value = np.where(_INLINE[b], _FIXED[b], value)
+        if _RARE[b].any():
+            self._rare(b, value)
+        self.value = value
+        self.header = _HEADER[b]
+        self.size = self.header + np.where(self.cls == STR, value, 0)
+
+    def _rare(self, b: np.ndarray, value: np.ndarray) -> None:
+        """Unknown types, signed ints, uint64 and float32: what most tokens are not."""
         need(not (self.cls == BAD).any(), "msgpack types the simulator reads")
         width = _WIDTH[b]
-        # the 8 bytes after the type byte, big-endian, shifted down to the value's width
-        big = words[p + 1].byteswap() >> (np.uint64(64) - (width * 8).astype(np.uint64))
-        value = np.where(width == 0, _FIXED[b], big.view(np.int64))
-        signed = _SIGNED[b]
+        signed = _SIGNED[b] & (width < 8)
         if signed.any():
-            half = np.left_shift(1, np.maximum(8 * width - 1, 0))
-            neg = signed & (width < 8) & (value >= half)
-            value[neg] -= 2 * half[neg]
-        wide = (width == 8) & (self.cls == INT) & ~signed
-        need(not (wide & (value < 0)).any(), "ints within int64")
-        four = (self.cls == FLOAT) & (width == 4)
+            half = np.left_shift(1, 8 * width[signed] - 1)
+            value[signed] = np.where(value[signed] >= half, value[signed] - 2 * half, value[signed])
+        need(not ((b == 0xCF) & (value < 0)).any(), "ints within int64")
+        four = b == 0xCA
         if four.any():  # a float32's bits, widened to a float64's
-            value[four] = (
-                value[four].astype(np.uint32).view(np.float32).astype(np.float64).view(np.int64)
-            )
-        self.value = value
-        self.header = 1 + width
-        self.size = self.header + np.where(self.cls == STR, value, 0)
+            wide = value[four].astype(np.uint32).view(np.float32).astype(np.float64)
+            value[four] = wide.view(np.int64)
 
 
 def text_keys(words: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
@@ -132,6 +138,16 @@ class Reader:
         names = [self.text(int(start[k]), int(length[k])) for k in first.tolist()]
         return inverse, names
 
+    def spaces(self, rows: np.ndarray) -> np.ndarray:
+        """Strings as memory spaces: SPACE_CODES, -1 for any other string."""
+        t = self.token(rows, STR)
+        keys = text_keys(self.words, t.at + t.header, t.value)
+        code = np.full(len(rows), -1, np.int64)
+        for name, number in SPACE_CODES.items():
+            lo, hi = _pack(name)
+            code[(keys[:, 0] == lo) & (keys[:, 1] == hi) & (t.value == len(name))] = number
+        return code
+
     def text(self, start: int, length: int) -> str:
         return self.data[start : start + length].decode("utf-8")  # UnicodeDecodeError: rejected
 
@@ -153,13 +169,16 @@ def boundaries(data: bytes) -> np.ndarray:
 TAIL = 32  # rows left in a lockstep read below which the rest is read row by row
 
 
-def sequence(r: Reader, count: np.ndarray, fields: tuple[int, ...]) -> list[list]:
-    """Read ``count[k]`` arrays of ``fields`` (INT or STR) per row, in lockstep.
+SPACE, SKIP = 10, 11  # record fields besides INT: a memory space's code, a string unread
 
-    Returns, per field, a list of (rows, values) in reading order, values
-    being ints, or (codes, names) for strings. The few rows with many
-    records (an instruction waiting on hundreds) are read with msgpack once
-    too few rows are left for lockstep to pay.
+
+def sequence(r: Reader, count: np.ndarray, fields: tuple[int, ...]) -> list[list]:
+    """Read ``count[k]`` arrays of ``fields`` per row, in lockstep: INT (values), SPACE
+    (SPACE_CODES, -1 for another string) or SKIP (a string, not kept).
+
+    Returns, per field, a list of (rows, values) in reading order. The few
+    rows with many records (an instruction waiting on hundreds) are read
+    with msgpack once too few rows are left for lockstep to pay.
     """
     out: list[list] = [[] for _ in fields]
     j = 0
@@ -169,7 +188,12 @@ def sequence(r: Reader, count: np.ndarray, fields: tuple[int, ...]) -> list[list
             break
         need(bool((r.array(rows) == len(fields)).all()), "records of fixed length")
         for f, cls in enumerate(fields):
-            out[f].append((rows, r.ints(rows) if cls == INT else r.strs(rows)))
+            if cls == INT:
+                out[f].append((rows, r.ints(rows)))
+            elif cls == SPACE:
+                out[f].append((rows, r.spaces(rows)))
+            else:
+                r.token(rows, STR)
         j += 1
     return out
 
@@ -189,8 +213,20 @@ def _tail(r: Reader, rows: np.ndarray, left: np.ndarray, fields: tuple[int, ...]
                     out[f].append((row, np.array([value], np.int64)))
                 else:
                     need(type(value) is str, "a string")
-                    out[f].append((row, (np.zeros(1, np.int64), [value])))
+                    if cls == SPACE:
+                        out[f].append((row, np.array([SPACE_CODES.get(value, -1)], np.int64)))
         r.p[k] = at + unpacker.tell()
+
+
+def _same_long_strings(long: list, same: np.ndarray, shape: tuple[int, int]) -> None:
+    """Rows of one template have the same long strings (8 bytes or more) at the same steps."""
+    if not long:
+        return
+    step, rows, lo, hi, length = (np.concatenate(x) for x in zip(*long, strict=True))
+    words = np.zeros((3, *shape), np.uint64)  # first word, second word, length; 0: none
+    words[:, step, rows] = lo, hi, length.astype(np.uint64)
+    for w in words:  # every row against its template's first row, both ways
+        need(bool((w == w[:, same]).all()), "no hash collision")
 
 
 def _hash_text(keys: np.ndarray, length: np.ndarray) -> np.ndarray:
@@ -216,7 +252,7 @@ def read_instructions(data: bytes, templates) -> dict:
     acc = _accesses(r, n)
     r.ints()  # nbytes: an int, as instr_from_obj needs
     latency = r.ints()
-    deps = sequence(r, r.array(), (INT, STR))
+    deps = sequence(r, r.array(), (INT, SKIP))
     dep_ptr, dep_src = _csr(n, deps[0])
     args_at = r.p.copy()
     walk = _walk(r, n)
@@ -251,13 +287,10 @@ def _csr(n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray
 
 def _accesses(r: Reader, n: int) -> dict[str, np.ndarray]:
     """Reads then writes of each instruction, as the columns of ``Columns``."""
-    from kiln.runners.sim_templates import SPACE_CODES
-
     parts = []  # (rows, space code, addr, nbytes, is write), position by position
     for write in (0, 1):
-        spaces, addrs, sizes = sequence(r, r.array(), (STR, INT, INT))
-        for (rows, (codes, names)), (_, addr), (_, size) in zip(spaces, addrs, sizes, strict=True):
-            space = np.array([SPACE_CODES.get(s, -1) for s in names], np.int64)[codes]
+        spaces, addrs, sizes = sequence(r, r.array(), (SPACE, INT, INT))
+        for (rows, space), (_, addr), (_, size) in zip(spaces, addrs, sizes, strict=True):
             parts.append((rows, space, addr, size, np.full(len(rows), write)))
     out = {}
     for k, name in enumerate(("acc_space", "acc_addr", "acc_end", "acc_write")):
@@ -270,36 +303,47 @@ def _accesses(r: Reader, n: int) -> dict[str, np.ndarray]:
 def _walk(r: Reader, n: int):
     """Every token of every row's ``args`` value, step by step (END once a row is done).
 
-    Returns (cls, value, text) with one row per step and one column per
-    instruction; text holds a string's first 16 bytes (two uint64).
+    Returns (cls, value) with one row per step and one column per
+    instruction, and the strings of 8 bytes or more as (step, row, first
+    word, second word, length). A shorter string's value is its bytes and
+    length packed in one int64 (compared like an int).
     """
     remaining = np.ones(n, np.int64)  # values still to read in each row's args
-    cls, value, text = [], [], []
+    cls, value, long = [], [], []
     while (rows := np.flatnonzero(remaining)).size:
         need(len(cls) < 512, "args of at most 512 tokens")
         t = r.token(rows)
-        step_cls = np.zeros(n, np.int8)
-        step_value = np.zeros(n, np.int64)
-        step_text = np.zeros((n, 2), np.uint64)
-        step_cls[rows] = t.cls
-        step_value[rows] = t.value
         strings = np.flatnonzero(t.cls == STR)
         if strings.size:
-            at = t.at[strings] + t.header[strings]
-            step_text[rows[strings]] = text_keys(r.words, at, t.value[strings])
+            length = t.value[strings]
+            keys = text_keys(r.words, t.at[strings] + t.header[strings], length)
+            short = length < 8
+            packed = keys[:, 0] | (length.astype(np.uint64) << np.uint64(56))
+            t.value[strings] = np.where(short, packed.view(np.int64), 0)
+            if not short.all():
+                at = np.flatnonzero(~short)
+                step = np.full(len(at), len(cls))
+                long.append((step, rows[strings[at]], keys[at, 0], keys[at, 1], length[at]))
         remaining[rows] -= 1
         arrays = t.cls == ARR
         remaining[rows[arrays]] += t.value[arrays]
-        cls.append(step_cls)
-        value.append(step_value)
-        text.append(step_text)
-    return np.array(cls), np.array(value), np.array(text)
+        if rows.size == n:
+            cls.append(t.cls)
+            value.append(t.value)
+        else:
+            step_cls = np.zeros(n, np.int8)
+            step_value = np.zeros(n, np.int64)
+            step_cls[rows] = t.cls
+            step_value[rows] = t.value
+            cls.append(step_cls)
+            value.append(step_value)
+    return np.array(cls), np.array(value), long
 
 
-_MEMORY = [_pack("sram"), _pack("dram")]
+_MEMORY = [_pack("sram")[0] | 4 << 56, _pack("dram")[0] | 4 << 56]  # as _walk packs them
 
 
-def _group(templates, data, starts, span, opcode, opcode_names, cls, value, text) -> None:
+def _group(templates, data, starts, span, opcode, opcode_names, cls, value, long) -> None:
     """Rows whose args tokens agree but for operand addresses share a template."""
     from kiln.runners.sim_templates import _row_keys
 
@@ -307,24 +351,24 @@ def _group(templates, data, starts, span, opcode, opcode_names, cls, value, text
     # an address: an int right after the string "sram"/"dram" opening an array of 4 or 5
     address = np.zeros(cls.shape, dtype=bool)
     if len(cls) > 2:
-        kind = np.zeros(cls[1:-1].shape, dtype=bool)
-        for lo, hi in _MEMORY:
-            kind |= (text[1:-1, :, 0] == lo) & (text[1:-1, :, 1] == hi) & (value[1:-1] == 4)
-        kind &= cls[1:-1] == STR
+        memory = np.array(_MEMORY, np.uint64)
+        kind = (cls[1:-1] == STR) & np.isin(value[1:-1].view(np.uint64), memory)
         opens = (cls[:-2] == ARR) & ((value[:-2] == 4) | (value[:-2] == 5))
         address[2:] = kind & opens & (cls[2:] == INT)
     key_value = np.where(address, 0, value)
     h = opcode.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     for t in range(len(cls)):
-        mix = (cls[t].astype(np.uint64) << np.uint64(56)) ^ key_value[t].astype(np.uint64)
-        mix ^= text[t, :, 0] * np.uint64(0xC2B2AE3D27D4EB4F) ^ text[t, :, 1]
+        mix = (cls[t].astype(np.uint64) << np.uint64(56)) ^ key_value[t].view(np.uint64)
         h = (h ^ mix) * np.uint64(0x100000001B3) + np.uint64(t + 1)
+    for step, rows, lo, hi, _ in long:  # strings of 8 bytes or more
+        h[rows] ^= (lo * np.uint64(0xC2B2AE3D27D4EB4F) ^ hi) + step.astype(np.uint64)
     _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
     same = first[inverse]  # every row equals its group's first row but for addresses
-    for matrix in (cls, key_value, text[:, :, 0], text[:, :, 1]):
+    for matrix in (cls, key_value):
         need(bool((matrix == matrix[:, same]).all()), "no hash collision")
     need(bool((opcode == opcode[same]).all()), "no hash collision")
+    _same_long_strings(long, same, cls.shape)
     for g, row in enumerate(first.tolist()):
         args = msgpack.unpackb(data[args_at[row] : args_end[row]], raw=False, use_list=False)
         (key,), columns = _row_keys(opcode_names[opcode[row]], (args,))
