@@ -50,7 +50,6 @@ MAX_STR = 16  # strings are compared by their first 16 bytes and length; longer:
 _MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
 _SHIFT = (np.uint64(64) - (_WIDTH * 8).astype(np.uint64)).astype(np.uint64)  # to the value
 _HEADER = 1 + _WIDTH
-_INLINE = _WIDTH == 0  # the value is in the type byte
 _RARE = (_CLS == BAD) | _SIGNED | np.isin(np.arange(256), (0xCF, 0xCA))  # checked apart
 
 
@@ -61,8 +60,8 @@ class Tokens:
         b = d[p]
         self.cls = _CLS[b]
         # the 8 bytes after the type byte, big-endian, shifted down to the value's width
-        value = (words[p + 1].byteswap() >> _SHIFT[b]).view(np.int64)
-        value = np.where(_INLINE[b], _FIXED[b], value)
+        # (by 64 for a value held in the type byte: numpy gives 0, _FIXED the value)
+        value = (words[p + 1].byteswap() >> _SHIFT[b]).view(np.int64) + _FIXED[b]
         if _RARE[b].any():
             self._rare(b, value)
         self.value = value

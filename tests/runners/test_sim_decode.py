@@ -84,3 +84,28 @@ def test_the_numpy_reader_agrees_with_the_objects(fn, bindings, dtype, machine_n
     ):
         assert want.dtype == got.dtype
         np.testing.assert_array_equal(got, want)
+
+
+def test_each_msgpack_encoding_reads_back():
+    """Every int width and sign, float32/64, short and long strings, arrays: the token
+    reader gives the value msgpack packed."""
+    import msgpack
+    from kiln.runners.sim_msgpack import ARR, FLOAT, INT, STR, Reader
+
+    values = [0, 127, -1, -32, -33, -128, -129, 200, 255, 256, 70000, -70000, 2**32, 2**40]
+    values += [-(2**40), 2**63 - 1, -(2**63), "", "abc", "x" * 40, "y" * 300, 1.5, -0.0]
+    data = b"".join(msgpack.packb(v) for v in values)
+    data += msgpack.packb(2.5, use_single_float=True) + msgpack.packb(list(range(20)))
+    r = Reader(data, np.array([0, len(data)]))
+    for want in [*values, 2.5]:
+        t = r.token()
+        if isinstance(want, int):
+            assert (t.cls[0], t.value[0]) == (INT, want)
+        elif isinstance(want, float):
+            assert t.cls[0] == FLOAT and t.value[0] == np.float64(want).view(np.int64)
+        else:
+            assert (t.cls[0], t.value[0]) == (STR, len(want))
+            start = int(t.at[0] + t.header[0])
+            assert data[start : start + len(want)].decode() == want
+    t = r.token()
+    assert (t.cls[0], t.value[0]) == (ARR, 20)
