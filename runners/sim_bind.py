@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 def _window(op: Operand, addrs: np.ndarray, memory: np.ndarray, shape=None):
-    """(window, keys): the view at ``addrs[k]`` is ``window[keys[k]]``; or (None, views)
+    """(window, index): the view at ``addrs[k]`` is ``window[index[k]]``; or (None, views)
     where the views are made now (immediates, empty tiles, unaligned addresses)."""
     dtype = NUMPY_DTYPES[op.dtype]
     if op.kind == "imm":
@@ -47,8 +47,15 @@ def _window(op: Operand, addrs: np.ndarray, memory: np.ndarray, shape=None):
     window = np.ndarray((rows, *shape), dtype, memory, 0, (size, *strides))
     if (addrs % size).any():
         return None, [np.ndarray(shape, dtype, memory, a, strides) for a in addrs.tolist()]
-    index = (addrs // size).tolist()
-    return window, list(zip(index, repeat(Ellipsis))) if not shape else index  # 0-d: a view
+    return window, addrs // size
+
+
+def _keys(index: np.ndarray) -> list:
+    return index.tolist()
+
+
+def _keys_0d(index: np.ndarray) -> list:
+    return list(zip(index.tolist(), repeat(Ellipsis)))
 
 
 def bind_plan(
@@ -83,7 +90,14 @@ def bind_plan(
             window, got = _window(op, t.addrs[:, j], memories.get(op.kind), shape)
             if window is None:
                 mine.append(got)
+                continue
+            keys_of = _keys if window.ndim > 1 else _keys_0d  # 0-d: a view, not a scalar
+            shared, inverse = np.unique(got, return_inverse=True)
+            if 2 * len(shared) <= len(got):  # an SRAM tile used by many: one view each
+                views = list(map(window.__getitem__, keys_of(shared)))
+                mine.append(list(map(views.__getitem__, inverse.reshape(-1).tolist())))
             else:
+                got = keys_of(got)
                 hi = lo + len(got)
                 windows[j][lo:hi] = [window] * len(got)
                 keys[j][lo:hi] = got
