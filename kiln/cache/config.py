@@ -2,9 +2,7 @@
 
 ``KILN_REMOTE_CACHE`` (a URL; empty turns the remote off) and
 ``KILN_REMOTE_UPLOAD=0`` (read-only, for untrusted pull-request builds)
-override the file; ``KILN_CACHE=0`` turns the whole store off;
-``KILN_PREFETCH_THREADS`` sets how many threads fetch a clean clone's
-actions ahead from a slow remote (0: none; see tasks/prefetch.py).
+override the file; ``KILN_CACHE=0`` turns the whole store off.
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ from dataclasses import asdict, dataclass
 from kiln.cache.store import default_cache_dir
 
 DEFAULT_TIMEOUT = 10.0
-DEFAULT_PREFETCH_THREADS = 8
-MAX_PREFETCH_THREADS = 64
 
 
 @dataclass(frozen=True)
@@ -27,7 +23,6 @@ class CacheConfig:
     remote: str | None = None
     upload: bool = True
     timeout: float = DEFAULT_TIMEOUT
-    prefetch_threads: int = DEFAULT_PREFETCH_THREADS
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,7 +54,6 @@ def resolve_cache_config(settings: dict | None, remote_flag: str | None = None) 
         remote=remote,
         upload=upload,
         timeout=float(settings.get("timeout", DEFAULT_TIMEOUT)),
-        prefetch_threads=prefetch_threads() if remote else 0,
     )
 
 
@@ -86,23 +80,6 @@ def env_flag(name: str, *, empty: bool) -> bool:
             hint=f"set {name}=0 (off) or {name}=1 (on), or unset it",
         )
     return FLAG_VALUES[raw]
-
-
-def prefetch_threads() -> int:
-    """KILN_PREFETCH_THREADS, checked: a whole number from 0 (off) to MAX_PREFETCH_THREADS."""
-    raw = os.environ.get("KILN_PREFETCH_THREADS", "").strip()
-    if not raw:
-        return DEFAULT_PREFETCH_THREADS
-    if not raw.isdigit() or int(raw) > MAX_PREFETCH_THREADS:
-        from kiln.errors import KilnError
-
-        raise KilnError(
-            "KILN_PREFETCH_THREADS is not a thread count",
-            expected=f"a whole number from 0 (no fetching ahead) to {MAX_PREFETCH_THREADS}",
-            found=raw,
-            hint=f"unset it for the default ({DEFAULT_PREFETCH_THREADS})",
-        )
-    return int(raw)
 
 
 def require_remote_support(url: str) -> None:

@@ -24,26 +24,6 @@ def test_empty_env_turns_the_remote_off(monkeypatch):
     assert resolve_cache_config({"remote": "file:///x"}).remote is None
 
 
-def test_prefetch_threads_come_from_the_env_and_only_with_a_remote(monkeypatch):
-    monkeypatch.delenv("KILN_PREFETCH_THREADS", raising=False)
-    assert resolve_cache_config({"remote": "file:///x"}).prefetch_threads == 8
-    assert resolve_cache_config({}).prefetch_threads == 0  # nothing to fetch from
-    monkeypatch.setenv("KILN_PREFETCH_THREADS", "0")
-    assert resolve_cache_config({"remote": "file:///x"}).prefetch_threads == 0
-    monkeypatch.setenv("KILN_PREFETCH_THREADS", " 32 ")
-    assert resolve_cache_config({"remote": "file:///x"}).prefetch_threads == 32
-
-
-@pytest.mark.parametrize("value", ["many", "-1", "2.5", "65"])
-def test_a_bad_prefetch_thread_count_is_one_clear_error(monkeypatch, value):
-    monkeypatch.setenv("KILN_PREFETCH_THREADS", value)
-    with pytest.raises(KilnError) as caught:
-        resolve_cache_config({"remote": "file:///x"})
-    text = caught.value.render()
-    assert "KILN_PREFETCH_THREADS is not a thread count" in text
-    assert "a whole number from 0 (no fetching ahead) to 64" in text and value in text
-
-
 def test_missing_extra_is_one_message_naming_it(monkeypatch):
     import importlib.util
 
