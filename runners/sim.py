@@ -6,6 +6,16 @@ DRAM and an SRAM byte array with the opcode semantics of
 ``kiln.ir.lir_exec``. Two instructions that overlap in time and touch
 overlapping address ranges, at least one writing, are a race: the run
 fails naming both. So is any access outside the memories.
+
+Preparing a binary the first time (``sim_plan.checked_plan``): the sections
+are read in bulk, with numpy over the instruction section
+(``sim_msgpack``, ``sim_decode``), every check is made over those columns
+(``sim_checks``), and the instructions are grouped into templates that are
+bound together (``sim_templates``, ``sim_exec``, ``sim_bind``). The result
+is kept per sha256 of the file's bytes, so preparing the same bytes again
+only binds. A binary that fails any bulk check, or is not in the form the
+bulk readers take, is decoded to objects and checked one object at a time
+by the functions below, which word every problem; no check is skipped.
 """
 
 from __future__ import annotations
@@ -135,14 +145,13 @@ class SimBinary:
 
     @staticmethod
     def bind(plan: Plan, source: EdfFile | bytes) -> SimBinary:
-        """Bind a plan to fresh memories: a step per instruction, template by template."""
-        cols = plan.cols
-        program = cols.program
+        """Bind a plan to fresh memories: a step per instruction, in schedule order."""
+        program = plan.program
         dram = np.zeros(program.dram_bytes, dtype=np.uint8)
         sram = np.zeros(program.sram_bytes, dtype=np.uint8)
-        steps, firsts = bind_plan(cols.templates, plan.fast, cols.generic, plan.gather, dram, sram)
+        steps, firsts = bind_plan(plan.templates, plan.fast, plan.generic, plan.gather, dram, sram)
         binary = SimBinary(
-            program, cols.metadata, dram, sram, steps, plan.count, plan.makespan,
+            program, plan.metadata, dram, sram, steps, plan.count, plan.makespan,
             plan.busy, "columns", source,
         )  # fmt: skip
         binary.warm_up(firsts)

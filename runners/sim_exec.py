@@ -9,12 +9,10 @@ everything else calls the opcode's own semantics from ``lir_exec``, which
 is also what the fast paths must agree with (tests/runners/test_sim_exec.py
 checks both on every opcode).
 
-Binding works per *template* (``kiln.runners.sim_decode``: instructions
-that differ only in their addresses): which path runs, and the geometry of
-each operand's view, is decided once per template; the views of all its
-instructions are then rows of one strided "window" array over the memory
-(``window[addr // itemsize]``), a fraction of what building each view with
-``np.ndarray(...)`` costs.
+Which path runs is decided once per *template* (``sim_templates``:
+instructions that differ only in their addresses, ``choose``); a fast
+path's ``build`` gives each instruction's (callable, *arguments), which
+``sim_bind`` turns into steps in the order they run.
 """
 
 from __future__ import annotations

@@ -20,31 +20,33 @@ import numpy as np
 from kiln.runners.sim_checks import operands_bindable, passes
 from kiln.runners.sim_decode import Columns, columns_of, decode_columns
 from kiln.runners.sim_exec import Fast
+from kiln.runners.sim_templates import Template
 
 from kiln.ir.edf import EdfFormatError, gc_paused, read_layout
-from kiln.ir.lir import ScheduledProgram
+from kiln.ir.lir import Instr, Program, ScheduledProgram
 
-CACHE_SIZE = 16  # plans kept; a 16k-instruction plan is a few MB
+CACHE_SIZE = 16  # plans kept; a 16k-instruction plan is under a megabyte
 
 
 @dataclass(frozen=True)
 class Plan:
-    cols: Columns
+    """What binding needs, and nothing the checks alone needed (a plan is kept)."""
+
+    program: Program  # the signature: arguments and memories
+    metadata: str
+    templates: tuple[Template, ...]
     fast: tuple[Fast | None, ...]  # per template
+    generic: dict[int, Instr]  # Instr objects of the rows that run lir_exec's semantics
     gather: list[int]  # steps in template-row order -> schedule order (start, then position)
+    count: int
     makespan: int
     busy: dict[str, int]  # cycles each unit is busy
 
-    @property
-    def count(self) -> int:
-        return self.cols.count
-
 
 def plan_of(cols: Columns) -> Plan | None:
-    """The plan of columns whose operands can be bound, or None (bind instruction by one)."""
+    """The plan of columns whose operands can be bound, or None (bind one by one)."""
     if not operands_bindable(cols):
         return None
-    fast = cols.fast
     order = np.argsort(cols.slot_start, kind="stable")
     rows = np.concatenate([t.rows for t in cols.templates] or [np.zeros(0, np.int64)])
     where = np.empty(cols.count, dtype=np.int64)
@@ -54,7 +56,10 @@ def plan_of(cols: Columns) -> Plan | None:
     used = np.bincount(units, minlength=len(cols.slot_unit))
     busy = {name: int(c) for name, c, k in zip(cols.slot_unit, cycles, used, strict=True) if k}
     makespan = int(cols.slot_end.max()) if cols.count else 0
-    return Plan(cols, fast, where[order].tolist(), makespan, busy)
+    return Plan(
+        cols.program, cols.metadata, cols.templates, cols.fast, cols.generic,
+        where[order].tolist(), cols.count, makespan, busy,
+    )  # fmt: skip
 
 
 def plan_of_program(sp: ScheduledProgram, metadata: str) -> Plan | None:
