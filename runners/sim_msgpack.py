@@ -311,7 +311,8 @@ def _walk(r: Reader, n: int):
     cls, value, long = [], [], []
     while (rows := np.flatnonzero(remaining)).size:
         need(len(cls) < 512, "args of at most 512 tokens")
-        t = r.token(rows)
+        every = rows.size == n  # no gather or scatter while every row still has tokens
+        t = r.token(None if every else rows)
         strings = np.flatnonzero(t.cls == STR)
         if strings.size:
             length = t.value[strings]
@@ -323,10 +324,13 @@ def _walk(r: Reader, n: int):
                 at = np.flatnonzero(~short)
                 step = np.full(len(at), len(cls))
                 long.append((step, rows[strings[at]], keys[at, 0], keys[at, 1], length[at]))
-        remaining[rows] -= 1
-        arrays = t.cls == ARR
-        remaining[rows[arrays]] += t.value[arrays]
-        if rows.size == n:
+        # one value read; an array adds its elements
+        opened = np.where(t.cls == ARR, t.value - 1, -1)
+        if every:
+            remaining += opened
+        else:
+            remaining[rows] += opened
+        if every:
             cls.append(t.cls)
             value.append(t.value)
         else:
