@@ -198,23 +198,29 @@ def sequence(r: Reader, count: np.ndarray, fields: tuple[int, ...]) -> list[list
 
 
 def _tail(r: Reader, rows: np.ndarray, left: np.ndarray, fields: tuple[int, ...], out) -> None:
+    """The records left in ``rows``, read with msgpack: one (rows, values) per field, a
+    row repeated once per record."""
+    got: list[list[int]] = [[] for _ in fields]
+    owner: list[int] = []
     for k in rows.tolist():
         unpacker = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=False)
         at = int(r.p[k])
         unpacker.feed(r.data[at : int(r.ends[k])])
-        row = np.array([k])
         for _ in range(int(left[k])):
             record = unpacker.unpack()
             need(type(record) is tuple and len(record) == len(fields), "records of fixed length")
+            owner.append(k)
             for f, (cls, value) in enumerate(zip(fields, record, strict=True)):
                 if cls == INT:
                     need(type(value) is int and -(1 << 63) <= value < 1 << 63, "an int64")
-                    out[f].append((row, np.array([value], np.int64)))
+                    got[f].append(value)
                 else:
                     need(type(value) is str, "a string")
-                    if cls == SPACE:
-                        out[f].append((row, np.array([SPACE_CODES.get(value, -1)], np.int64)))
+                    got[f].append(SPACE_CODES.get(value, -1))
         r.p[k] = at + unpacker.tell()
+    repeated = np.array(owner, np.int64)
+    for f in range(len(fields)):
+        out[f].append((repeated, np.array(got[f], np.int64)))
 
 
 def _same_long_strings(long: list, same: np.ndarray, shape: tuple[int, int]) -> None:
@@ -252,7 +258,8 @@ def read_instructions(data: bytes, templates) -> dict:
     r.ints()  # nbytes: an int, as instr_from_obj needs
     latency = r.ints()
     deps = sequence(r, r.array(), (INT, SKIP))
-    dep_ptr, dep_src = _csr(n, deps[0])
+    dep_ptr, order = _runs(n, [rows for rows, _ in deps[0]])
+    dep_src = np.concatenate([v for _, v in deps[0]] or [np.zeros(0, np.int64)])[order]
     args_at = r.p.copy()
     walk = _walk(r, n)
     args_end = r.p.copy()
@@ -269,31 +276,26 @@ def read_instructions(data: bytes, templates) -> dict:
     }
 
 
-def _csr(n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Values read position by position, (rows, values) each, as per-row runs with offsets."""
-    counts = np.zeros(n, np.int64)
-    for rows, _ in parts:
-        counts[rows] += 1
+def _runs(n: int, rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, order) of values read in reading order, ``rows`` naming each one's row:
+    ``values[order]`` holds each row's values, in reading order, from ``offsets[row]``."""
+    owner = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=ptr[1:])
-    out = np.zeros(int(ptr[-1]), np.int64)
-    fill = ptr[:-1].copy()
-    for rows, values in parts:  # position j of every row that has one
-        out[fill[rows]] = values
-        fill[rows] += 1
-    return ptr, out
+    np.cumsum(np.bincount(owner, minlength=n), out=ptr[1:])
+    return ptr, np.argsort(owner, kind="stable")
 
 
 def _accesses(r: Reader, n: int) -> dict[str, np.ndarray]:
     """Reads then writes of each instruction, as the columns of ``Columns``."""
-    parts = []  # (rows, space code, addr, nbytes, is write), position by position
+    parts = []  # (rows, space code, addr, nbytes, is write), in reading order
     for write in (0, 1):
         spaces, addrs, sizes = sequence(r, r.array(), (SPACE, INT, INT))
         for (rows, space), (_, addr), (_, size) in zip(spaces, addrs, sizes, strict=True):
             parts.append((rows, space, addr, size, np.full(len(rows), write)))
-    out = {}
-    for k, name in enumerate(("acc_space", "acc_addr", "acc_end", "acc_write")):
-        out["acc_ptr"], out[name] = _csr(n, [(p[0], p[k + 1]) for p in parts])
+    ptr, order = _runs(n, [p[0] for p in parts])
+    out = {"acc_ptr": ptr}
+    for k, name in enumerate(("acc_space", "acc_addr", "acc_end", "acc_write"), start=1):
+        out[name] = np.concatenate([p[k] for p in parts] or [np.zeros(0, np.int64)])[order]
     out["acc_end"] = out["acc_addr"] + out["acc_end"]  # the sizes, until here
     out["acc_write"] = out["acc_write"].astype(bool)
     return out
