@@ -116,6 +116,16 @@ class Reader:
             self.p[rows] = p + t.size
         return t
 
+    def fixarray(self, rows: np.ndarray | None, size: int) -> None:
+        """Step over the header of an array of ``size`` (< 16) elements at every cursor: one
+        byte, as msgpack writes it (another form is for the object readers)."""
+        p = self.p if rows is None else self.p[rows]
+        need(bool((self.d[p] == 0x90 + size).all()), f"arrays of {size}")
+        if rows is None:
+            self.p += 1
+        else:
+            self.p[rows] += 1
+
     def ints(self, rows=None) -> np.ndarray:
         return self.token(rows, INT).value
 
@@ -185,7 +195,7 @@ def sequence(r: Reader, count: np.ndarray, fields: tuple[int, ...]) -> list[list
         if rows.size < TAIL:
             _tail(r, rows, count - j, fields, out)
             break
-        need(bool((r.array(rows) == len(fields)).all()), "records of fixed length")
+        r.fixarray(rows, len(fields))
         for f, cls in enumerate(fields):
             if cls == INT:
                 out[f].append((rows, r.ints(rows)))
@@ -250,7 +260,7 @@ def read_instructions(data: bytes, templates) -> dict:
     n = len(starts) - 1
     need(n > 0, "instructions")
     r = Reader(data, starts)
-    need(bool((r.array() == 10).all()), "ten fields per instruction")
+    r.fixarray(None, 10)  # ten fields per instruction
     need(bool((r.ints() == np.arange(n)).all()), "dense instruction ids")
     unit, unit_names = r.strs()
     opcode, opcode_names = r.strs()
