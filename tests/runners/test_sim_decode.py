@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kiln.runners import sim_decode
 from kiln.runners.sim_decode import Columns, columns_of, decode_columns
 
 import kernels.elementwise as elementwise
@@ -53,9 +54,12 @@ def per_row(cols: Columns) -> dict[int, tuple]:
 @pytest.mark.parametrize("machine_name", ["npu-v1", "npu-tiny"])
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "i32"])
 @pytest.mark.parametrize("fn,bindings", CASES, ids=[f.__name__ for f, _ in CASES])
-def test_the_numpy_reader_agrees_with_the_objects(fn, bindings, dtype, machine_name, tmp_path):
+def test_the_numpy_reader_agrees_with_the_objects(
+    fn, bindings, dtype, machine_name, tmp_path, monkeypatch
+):
     if dtype == "i32" and fn in (normalization.softmax, normalization.layernorm):
         pytest.skip("softmax/layernorm need floats")
+    monkeypatch.setattr(sim_decode, "NUMPY_FROM", 0)  # these kernels are small
     graph = trace(fn, bindings, dtype)
     edf = compile_graph(graph, machine(machine_name))
     raw = encode(edf)
@@ -120,6 +124,7 @@ def test_records_read_row_by_row_agree_too(fn, bindings, monkeypatch):
     from kiln.runners import sim_msgpack
 
     monkeypatch.setattr(sim_msgpack, "TAIL", 1 << 30)
+    monkeypatch.setattr(sim_decode, "NUMPY_FROM", 0)
     edf = compile_graph(trace(fn, bindings, "f32"), machine())
     raw = encode(edf)
     cols = decode_columns(raw, read_layout(raw))
@@ -128,3 +133,14 @@ def test_records_read_row_by_row_agree_too(fn, bindings, monkeypatch):
     for name in ARRAYS:
         np.testing.assert_array_equal(getattr(cols, name), getattr(ref, name), err_msg=name)
     assert per_row(cols) == per_row(ref)
+
+
+def test_small_binaries_are_read_as_objects_and_large_ones_with_numpy():
+    small = encode(
+        compile_graph(trace(normalization.layernorm, {"R": 4, "C": 32}, "f32"), machine())
+    )
+    assert decode_columns(small, read_layout(small)).reader == "chunks"
+    graph = trace(normalization.layernorm, {"R": 32, "C": 512}, "f32")
+    large = encode(compile_graph(graph, machine("npu-tiny")))
+    cols = decode_columns(large, read_layout(large))
+    assert cols.count >= sim_decode.NUMPY_FROM and cols.reader == "numpy"
