@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
-from kiln.runners.sim_templates import SPACE_CODES, need
+from kiln.runners.sim_templates import SPACE_CODES, need, row_keys
 
 # token classes
 END, INT, STR, ARR, FLOAT, BAD = range(6)
@@ -360,8 +360,6 @@ _MEMORY = [_pack("sram")[0] | 4 << 56, _pack("dram")[0] | 4 << 56]  # as _walk p
 
 def _group(templates, data, starts, span, opcode, opcode_names, cls, value, long) -> None:
     """Rows whose args tokens agree but for operand addresses share a template."""
-    from kiln.runners.sim_templates import _row_keys
-
     args_at, args_end = span
     # an address: an int right after the string "sram"/"dram" opening an array of 4 or 5
     address = np.zeros(cls.shape, dtype=bool)
@@ -386,7 +384,7 @@ def _group(templates, data, starts, span, opcode, opcode_names, cls, value, long
     _same_long_strings(long, same, cls.shape)
     for g, row in enumerate(first.tolist()):
         args = msgpack.unpackb(data[args_at[row] : args_end[row]], raw=False, use_list=False)
-        (key,), columns = _row_keys(opcode_names[opcode[row]], (args,))
+        (key,), columns = row_keys(opcode_names[opcode[row]], (args,))
         at = np.flatnonzero(address[:, row])
         rows = np.flatnonzero(inverse == g)
         first_addrs = [column[0] for column in columns]

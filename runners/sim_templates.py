@@ -97,7 +97,7 @@ class Templates:
             try:
                 keys, addr_cols = _group_keys(op, group)
             except _Irregular:
-                keys, addr_cols = _row_keys(op, group)
+                keys, addr_cols = row_keys(op, group)
             addrs = np.array(addr_cols, dtype=np.int64).reshape(len(addr_cols), hi - lo).T
             self._place(keys, addrs, at, rows, offset)
 
@@ -256,7 +256,7 @@ def _operand_addr(o: tuple) -> int:
     return o[1]
 
 
-def _row_keys(op: str, group: tuple) -> tuple[list, list]:
+def row_keys(op: str, group: tuple) -> tuple[list, list]:
     """What ``_group_keys`` gives, row by row (rows of one opcode with different args)."""
     keys, addrs = [], []
     for args in group:
