@@ -234,9 +234,11 @@ PYPROJECT = """\
 testpaths = ["tests"]
 pythonpath = ["."]
 
-# plain `doit dumpdb` reads Kiln's state file (sqlite3), as `kiln dumpdb` does
+# plain `doit dumpdb` reads Kiln's state file (sqlite3), as `kiln dumpdb` does, and
+# `doit info` of a name that is no task is one line, as `kiln info` says it
 [tool.doit.plugins.command]
 dumpdb = "kiln.tasks.doit_commands:KilnDumpDB"
+info = "kiln.tasks.doit_commands:KilnInfo"
 """
 
 GITIGNORE = """\

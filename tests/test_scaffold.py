@@ -62,7 +62,7 @@ def test_plain_doit_info_and_dumpdb_answer_without_a_traceback(tmp_path):
     assert info.returncode == 3 and "Traceback" not in info.stderr, info.stderr
     assert "ERROR: 'compile:nosuch' is not a task. `doit list --all` lists" in info.stderr
     dumped = ok(run(project, "dumpdb", tool="doit"))  # the project's pyproject.toml plugin
-    assert "compile:scale_add.small.edf -> {" in dumped.stdout, dumped.stdout + dumped.stderr
+    assert "compile:scale_add.small -> {" in dumped.stdout, dumped.stdout + dumped.stderr
 
 
 def test_new_project_in_the_working_directory_is_lint_clean(tmp_path):

@@ -116,5 +116,3 @@ def test_tasks_after_a_failure_are_counted_not_reported_again(monkeypatch, capsy
     assert list(failed) == ["compile:k.small.trace"]
     assert failed["compile:k.small.trace"]["line"] == 8
     assert not_run == ["compile:k.small.visa", "compile:k.small.lir"]
-
-
