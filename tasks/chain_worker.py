@@ -119,6 +119,7 @@ def pool_worker_setup() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the pool's parent
 
 
 def dask_setup(worker) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from concurrent.futures import Future, ProcessPoolExecutor
 
 from kiln.tasks.chain_worker import pool_worker_setup, run_job
@@ -42,7 +43,14 @@ class PoolExecutor:
         )
 
     def submit(self, wire: bytes) -> Future:
-        return self.pool.submit(run_job, wire)
+        # the pool starts its workers inside submit: with Ctrl-C blocked here they are
+        # born with it blocked (fork keeps the mask), so one that lands before their
+        # initializer ignores it cannot print a KeyboardInterrupt traceback
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return self.pool.submit(run_job, wire)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def wait(self, future: Future) -> bytes:
         return future.result()
