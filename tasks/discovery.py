@@ -160,7 +160,7 @@ class Discovery:
                     self._cache = data["files"]
                     if not isinstance(self._cache, dict):
                         raise TypeError("'files' is not a mapping")
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            except Exception as exc:  # any failure (a nesting deeper than the stack too)
                 from kiln.statefiles import quarantine
 
                 quarantine(cache_file, f"{type(exc).__name__}: {exc}")
@@ -180,8 +180,8 @@ class Discovery:
         if fresh and entry.get("module") == module:
             try:
                 info = _info_from_json(entry["info"])
-            except (KeyError, TypeError, ValueError, IndexError, AttributeError):
-                info = None  # a damaged entry: scan the file again
+            except Exception:  # a damaged entry, however damaged: scan the file again
+                info = None
         if info is None:
             info = scan_module(module, file)
             self._cache[str(file)] = {"stamp": stamp, "module": module, "info": _info_to_json(info)}

@@ -73,5 +73,5 @@ def _read(path: str) -> set[str]:
         with open(path, "rb") as f:
             found = json.loads(f.read())
         return {d for d in found if isinstance(d, str)} if isinstance(found, list) else set()
-    except (OSError, ValueError):
-        return set()  # unusable: checked again
+    except Exception:  # unusable however damaged (deep nesting: RecursionError): checked again
+        return set()

@@ -375,3 +375,105 @@ def test_a_pipeline_target_that_cannot_run_is_one_skip_line_not_one_per_instance
     ]
     rc, out, err = kiln(project, "-q", "test")
     assert "SKIPPED" not in out and "2 skipped" in out
+
+
+# -- 10. damaged state: any failure to read it means "unusable: rebuilt", one warning -------
+
+STATE_FILES = [
+    ".kiln/pipeline-*.pickle",
+    ".kiln/discovery.json",
+    ".kiln/doit.sqlite3",
+    ".kiln/doit.sqlite3.checked",
+    ".kiln/manifests.json",
+    ".kiln/options-checked.json",
+    ".kiln/profile.json",
+    ".kiln/config/chain-*.json",
+    ".kiln/config/test-*.json",
+    ".kiln/layout-instance-tasks",
+    ".kiln/lock",
+    "build/kiln/kernel/scale_add/small/.kiln-chain.json",
+    "build/kiln/kernel/scale_add/small/.kiln-manifest.json",
+    "build/kiln/kernel/scale_add/small/test-sim.json",
+    "build/kiln/kernel/test-report.json",
+    ".cache/store/last-build.json",
+]
+
+
+def damaged(data: bytes, how: str, name: str) -> bytes:
+    import random
+
+    if how == "random":
+        return random.Random(name).randbytes(max(len(data), 64))
+    if how == "truncated":
+        return data[: len(data) // 2]
+    if how == "deep":  # nesting no parser's stack holds
+        return b"[" * 200_000
+    huge = (2**62).to_bytes(8, "little")  # a length prefix no memory can hold
+    return (b"\x80\x05\x8e" + huge if name.endswith(".pickle") else huge) + data
+
+
+@pytest.fixture(scope="module")
+def stateful(tmp_path_factory) -> tuple[Path, Path]:
+    """A project built and tested once where it stays (state names its paths), and a copy."""
+    base = tmp_path_factory.mktemp("state")
+    root = base / "p"
+    (root / "kernels").mkdir(parents=True)
+    (root / "kernels/__init__.py").write_text("")
+    (root / "kernels/example.py").write_text(KERNEL)
+    (root / "pipeline.yaml").write_text(PIPELINE)
+    rc, out, err = kiln(root, "test")
+    assert rc == 0, out + err
+    pristine = base / "pristine"
+    shutil.copytree(root, pristine, symlinks=True)
+    return root, pristine
+
+
+def _state_file(root: Path, pattern: str) -> Path:
+    found = sorted(root.glob(pattern))
+    if not found:  # written only by some runs (a clean, a cached report): nothing to damage
+        pytest.skip(f"this build wrote no {pattern}")
+    return found[0]
+
+
+def test_every_state_file_a_build_writes_is_among_those_damaged_here(stateful):
+    root, _ = stateful
+    written = [p for p in (root / ".kiln").rglob("*") if p.is_file()]
+    written += (root / "build").rglob(".kiln-*")
+    import fnmatch
+
+    names = [pattern.rsplit("/", 1)[-1] for pattern in STATE_FILES]  # one of each kind
+    uncovered = [
+        p.relative_to(root).as_posix()
+        for p in written
+        if not any(fnmatch.fnmatch(p.name, name) for name in names)
+    ]
+    assert uncovered == [], "add them to STATE_FILES: " + ", ".join(uncovered)
+
+
+@pytest.mark.parametrize("how", ["random", "truncated", "huge-length"])
+@pytest.mark.parametrize("pattern", STATE_FILES, ids=lambda p: p.rsplit("/", 1)[-1])
+def test_a_damaged_state_file_is_rebuilt_with_at_most_one_warning(stateful, pattern, how):
+    root, pristine = stateful
+    shutil.rmtree(root)
+    shutil.copytree(pristine, root, symlinks=True)  # copy2 keeps the mtimes doit recorded
+    path = _state_file(root, pattern)
+    path.write_bytes(damaged(path.read_bytes(), how, path.name))
+    rc, out, err = kiln(root, "test")
+    assert rc == 0 and "Traceback" not in out + err, out + err
+    assert "kiln test: 2 pass" in out
+    assert err.count("warning") <= 1, err
+    rc, out, err = kiln(root, "status")
+    assert rc == 0 and "warning" not in err, err  # rebuilt: the next command finds it sound
+
+
+@pytest.mark.parametrize(
+    "pattern", [".kiln/pipeline-*.pickle", ".kiln/discovery.json", ".kiln/options-checked.json"]
+)
+def test_a_state_file_nested_past_the_stack_is_rebuilt_too(stateful, pattern):
+    root, pristine = stateful
+    shutil.rmtree(root)
+    shutil.copytree(pristine, root, symlinks=True)
+    path = _state_file(root, pattern)
+    path.write_bytes(damaged(path.read_bytes(), "deep", path.name))
+    rc, out, err = kiln(root, "test")
+    assert rc == 0 and "Traceback" not in out + err and "RecursionError" not in out, out + err

@@ -27,16 +27,11 @@ if TYPE_CHECKING:
 
 BUILTIN_RUNNERS = ("cpu", "sim", "iree", "npu")
 _CACHE_FORMAT = 3  # bump when the pickled model changes shape
-_UNUSABLE_CACHE = (
-    OSError,
-    EOFError,
-    pickle.UnpicklingError,
-    AttributeError,
-    ImportError,
-    IndexError,
-    TypeError,
-    ValueError,
-)
+# Any failure to read the cache means it is unusable: a length prefix no memory can hold
+# (MemoryError, OverflowError), nesting deeper than the stack (RecursionError), a class
+# that moved (AttributeError, ImportError), garbage (UnpicklingError, ValueError, ...).
+# The cache only saves work, so none of them is the user's error.
+_UNUSABLE_CACHE = Exception
 
 
 def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
@@ -89,7 +84,7 @@ def load_pipeline_cached(
     try:
         with open(cache_file, "rb") as handle:
             cached_key, pipeline = pickle.load(handle)
-    except FileNotFoundError:
+    except FileNotFoundError:  # never written (or removed): not damage
         cached_key = pipeline = None
     except _UNUSABLE_CACHE as exc:  # corrupt, truncated or foreign: never used, rebuilt
         from kiln.statefiles import quarantine
