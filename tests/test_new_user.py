@@ -477,3 +477,28 @@ def test_a_state_file_nested_past_the_stack_is_rebuilt_too(stateful, pattern):
     path.write_bytes(damaged(path.read_bytes(), "deep", path.name))
     rc, out, err = kiln(root, "test")
     assert rc == 0 and "Traceback" not in out + err and "RecursionError" not in out, out + err
+
+
+# -- 11. silent or vague acceptances ------------------------------------------------------
+
+
+@pytest.mark.parametrize("parser", ["libyaml", "python"])
+@pytest.mark.parametrize("shape", ["flow", "block"])
+def test_a_pipeline_nested_thousands_deep_is_refused_at_its_line(
+    tmp_path, monkeypatch, parser, shape
+):
+    import yaml
+
+    if parser == "python":  # the pure-Python parser recurses: Kiln finds the line by scanning
+        monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+    head = "project: d\npackages: [kernels]\nkernels:\n  x:\n"
+    if shape == "flow":
+        text = head + "    shapes: " + "[" * 3000 + "]" * 3000 + "\n"
+    else:
+        text = head + "".join(" " * (4 + i) + "a:\n" for i in range(1500)) + " " * 1504 + "1\n"
+    (tmp_path / "pipeline.yaml").write_text(text)
+    rc, out, err = kiln(tmp_path, "status")
+    assert rc == 2 and "Traceback" not in err, err
+    assert re.match(r"pipeline\.yaml:\d+:\d+: error: (invalid YAML|YAML nested too deeply)", err), (
+        err
+    )

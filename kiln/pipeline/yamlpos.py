@@ -301,6 +301,35 @@ class _Builder:
         return result
 
 
+def _too_deep(text: str) -> tuple[int | None, int | None]:
+    """Where ``text`` first nests deeper than MAX_DEPTH: (line, column), 1-based.
+
+    YAML's scanner is a loop, not a recursion, so its tokens find the place
+    that the recursive composer could not reach; (None, None) if they do not.
+    """
+    import yaml
+
+    opening = (
+        yaml.BlockMappingStartToken,
+        yaml.BlockSequenceStartToken,
+        yaml.FlowMappingStartToken,
+        yaml.FlowSequenceStartToken,
+    )
+    closing = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+    depth = 0
+    try:
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if isinstance(token, opening):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return token.start_mark.line + 1, token.start_mark.column + 1
+            elif isinstance(token, closing):
+                depth -= 1
+    except (yaml.YAMLError, RecursionError):
+        pass
+    return None, None
+
+
 def _check_bounds(root: yaml.Node, smap: SourceMap) -> None:
     """Refuse a tree nested deeper than MAX_DEPTH or that expands past MAX_VALUES.
 
@@ -416,8 +445,13 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, SourceMap]:
     except yaml.YAMLError as exc:  # any other error with no mark
         raise PipelineError(f"invalid YAML: {exc}", Location(file)) from None
     except RecursionError:  # the pure-Python parser, without libyaml's own depth limit
+        line, column = _too_deep(text)
+        source = lines[line - 1] if line is not None and line <= len(lines) else None
         raise PipelineError(
-            "YAML nested too deeply", Location(file), expected=f"at most {MAX_DEPTH} levels"
+            f"YAML nested too deeply (more than {MAX_DEPTH} levels)",
+            Location(file, line, column, None, source),
+            expected=f"at most {MAX_DEPTH} levels of nested mappings and lists",
+            found="a collection opened here, deeper than that",
         ) from None
     finally:
         loader.dispose()
