@@ -12,9 +12,9 @@ from kiln.outpaths import check_output, writing
 
 
 def _project():
-    from kiln.tasks.project import Project
+    from kiln.kernel_checks import checked_project
 
-    return Project.find()
+    return checked_project()
 
 
 def _locked(project):

@@ -502,3 +502,28 @@ def test_a_pipeline_nested_thousands_deep_is_refused_at_its_line(
     assert re.match(r"pipeline\.yaml:\d+:\d+: error: (invalid YAML|YAML nested too deeply)", err), (
         err
     )
+
+
+def test_a_shape_set_binding_a_dim_no_argument_uses_is_a_warning_at_its_line(project):
+    text = (project / "pipeline.yaml").read_text().replace("small: {N: 64}", "small: {N: 64, Z: 3}")
+    (project / "pipeline.yaml").write_text(text)
+    rc, out, err = kiln(project, "status")
+    assert rc == 0, err
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "Z: 3" in s)
+    assert f"pipeline.yaml:{line}:" in err and "warning: shape set 'small' of kernel" in err
+    assert "binds Z, which no argument of scale_add uses" in err
+    assert "found: Z: 3; scale_add(x[N], y[N])" in err
+
+
+def test_a_listed_function_without_device_says_where_it_is_and_to_add_device(project):
+    with open(project / "kernels/example.py", "a") as f:
+        f.write("\n\ndef plain(x):\n    return x\n")
+    text = (project / "pipeline.yaml").read_text()
+    (project / "pipeline.yaml").write_text(
+        text.replace("kernels:\n", "kernels:\n  plain: {shapes: {s: {N: 4}}}\n", 1)
+    )
+    rc, out, err = kiln(project, "status")
+    assert rc == 2 and "Traceback" not in err, err
+    assert "kernel 'plain' is not a @device function in any package" in err
+    assert "note: kernels/example.py:9: def plain(...) has no @device" in err
+    assert "hint: add `@device` (from kiln import device) above def plain" in err

@@ -8,6 +8,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from kiln.errors import KilnError
+from kiln.kernel_checks import checked_project
 from kiln.outpaths import check_output, output_path, writing
 
 
@@ -46,10 +47,9 @@ def selection(project, filters: list[str], shapes: str | None, command: str):
 
 def cmd_graph(args: argparse.Namespace) -> int:
     from kiln.tasks.manifest import building_nothing
-    from kiln.tasks.project import Project
     from kiln.tasks.taskgraph import render, task_graph
 
-    project = Project.find()
+    project = checked_project()
     with building_nothing():
         instances = selection(project, args.filters, args.shapes, "graph")
         g = task_graph(project, instances, why=args.why)
@@ -66,13 +66,12 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 def _view(args: argparse.Namespace) -> int:
     from kiln.report.page import write_report
-    from kiln.tasks.project import Project
 
     if args.output == Path("-"):  # the page on stdout, for a pipe; messages on stderr
         return _view_to_stdout(args)
     if args.output is not None:
         check_output("-o/--output", args.output)
-    project = Project.find()
+    project = checked_project()
     instances = selection(project, args.filters, args.shapes, "view")
     out = args.output or Path(project.out_dir) / "report.html"
     diff = None
@@ -142,7 +141,6 @@ def _check_compare_dir(project, other: Path) -> None:
 
 def _view_to_stdout(args: argparse.Namespace) -> int:
     from kiln.report.page import render_report
-    from kiln.tasks.project import Project
 
     if args.open or args.compare is not None:
         raise KilnError(
@@ -150,7 +148,7 @@ def _view_to_stdout(args: argparse.Namespace) -> int:
             expected="-o FILE with --open or --compare",
             found="-o - " + ("--open" if args.open else "--compare"),
         )
-    project = Project.find()
+    project = checked_project()
     instances = selection(project, args.filters, args.shapes, "view")
     page = render_report(project, instances, Path(project.out_dir) / "report.html")
     sys.stdout.flush()
