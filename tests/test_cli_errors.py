@@ -408,7 +408,7 @@ def broken_run(broken_proj) -> tuple[subprocess.CompletedProcess, dict[str, str]
     diagnostics are the same ones `kiln compile KERNEL` prints. Returns the
     process and each failed task's message block.
     """
-    tasks = [f"compile:{kernel}.default.trace" for kernel, *_ in BROKEN_CASES]
+    tasks = [f"compile:{kernel}.default" for kernel, *_ in BROKEN_CASES]
     proc = run_kiln(broken_proj, "--continue", *tasks)
     blocks = {}
     for chunk in proc.stderr.split("FAILED ")[1:]:
@@ -425,7 +425,7 @@ def test_broken_kernel_names_its_file_line_and_source(
 ):
     proc, blocks = broken_run
     assert_clean_failure(proc, 1)  # the pipeline is fine: a failed build
-    out = blocks.get(f"compile:{kernel}.default.trace")
+    out = blocks.get(f"compile:{kernel}.default")
     assert out is not None, proc.stdout + proc.stderr
     source = BROKEN if file == "broken.py" else BROKEN_IMPORT
     line, text = marked(source, tag)
@@ -449,11 +449,12 @@ def test_every_broken_kernel_fails_and_is_counted(broken_run):
 def test_broken_kernel_through_kiln_compile(broken_proj, built):
     out = assert_clean_failure(run_kiln(broken_proj, "compile", "bk_python_if"), 1)
     line, text = marked(BROKEN, "bk_python_if")
-    assert "FAILED compile:bk_python_if.default.trace" in out, out
+    assert "FAILED compile:bk_python_if.default\n" in out, out
+    assert "while running stage 'trace' of bk_python_if.default" in out, out
     assert f"broken.py:{line}:8: error: data-dependent control flow is not supported" in out
     assert f"| {text}\n  |        ^" in out, out
-    # the later stages of that kernel are counted, not reported again
-    assert "kiln: 5 tasks: 0 ran, 0 up to date, 1 failed, 4 not run (an input failed)" in out
+    # one task for the whole chain: the later stages are neither run nor reported
+    assert "kiln: 1 tasks: 0 ran, 0 up to date, 1 failed in " in out, out
     assert_nothing_lost(broken_proj, built)
 
 
@@ -463,7 +464,7 @@ def test_kernel_calling_sys_exit_fails_alone(broken_proj, built):
     out = assert_clean_failure(proc, 1)
     line, text = marked(BROKEN, "bk_exit")
     assert f"broken.py:{line}:5: error: kernel 'bk_exit' called sys.exit(0) while tracing" in out
-    assert re.search(r"kiln: 10 tasks: 5 ran, 0 up to date, 1 failed, 4 not run", out), out
+    assert re.search(r"kiln: 2 tasks: 1 ran, 0 up to date, 1 failed \(", out), out
     assert_nothing_lost(broken_proj, built)
 
 
@@ -570,7 +571,8 @@ def test_failing_build_keeps_every_artifact_built_before(proj, built):
     lines.insert(at + 1, "    x = x @ x  # <- broken on purpose")  # (8, 64) @ (8, 64)
     norm.write_text("\n".join(lines) + "\n")
     out = assert_clean_failure(run_kiln(proj, "compile"), 1)
-    assert "FAILED compile:softmax.small.trace" in out, out
+    assert "FAILED compile:softmax.small\n" in out, out
+    assert "while running stage 'trace' of softmax.small" in out, out
     assert f"normalization.py:{at + 2}:" in out and "inner dimensions differ" in out, out
     assert "|     x = x @ x  # <- broken on purpose" in out, out
     # The build went on past softmax: the other kernels ran again (in this copy of the
@@ -592,7 +594,8 @@ def test_tile_larger_than_sram_names_kernel_tile_and_bytes(proj, built):
     )
     edit(proj, ("wide: {M: 32, K: 64, N: 64}", "wide: {M: 256, K: 256, N: 256}"))
     out = assert_clean_failure(run_kiln(proj, "compile", "gemm"), 1)
-    assert "FAILED compile:gemm.wide.lir" in out, out
+    assert "FAILED compile:gemm.wide\n" in out, out
+    assert "while running stage 'lir' of gemm.wide" in out, out
     match = re.search(
         r"kernel gemm: tile %(\w+) needs (\d+) bytes of SRAM, only (\d+) available", out
     )
@@ -618,8 +621,10 @@ def test_unknown_stage_option_lists_the_valid_ones(proj, built):
             "{name: visa, module: kiln.stages.visa, options: {tile_mm: 32}}",
         ),
     )
-    out = assert_clean_failure(run_kiln(proj, "compile", "vector_add"), 1)
+    # checked with the pipeline, before any task runs: a configuration error, exit 2
+    out = assert_clean_failure(run_kiln(proj, "compile", "vector_add"), 2)
     assert "unknown option 'tile_mm' for stage 'visa'" in out, out
+    assert "FAILED" not in out and "tasks:" not in out, out
     assert (
         "expected: one of: fusion, reduce_split, tile_k, tile_m, tile_n, tile_order, vector_tile"
         in out
@@ -628,7 +633,7 @@ def test_unknown_stage_option_lists_the_valid_ones(proj, built):
     head = header(out)
     assert Path(head["file"]).name == "pipeline.yaml"
     assert int(head["line"]) == line_of(text, "tile_mm"), out
-    assert_nothing_lost(proj, built, rebuilt=("vector_add",))
+    assert_nothing_lost(proj, built)  # nothing was built, so nothing changed
 
 
 def test_machine_with_zero_units_of_a_needed_kind(proj, built):
@@ -690,7 +695,8 @@ def test_op_the_visa_stage_cannot_lower(proj, built):
     (proj / "hand_graph.py").write_text(HAND_GRAPH_STAGE)
     edit(proj, ("{name: trace, module: kiln.stages.trace}", "{name: trace, module: hand_graph}"))
     out = assert_clean_failure(run_kiln(proj, "compile", "vector_add"), 1)
-    assert "FAILED compile:vector_add.small.visa" in out, out
+    assert "FAILED compile:vector_add.small\n" in out, out
+    assert "while running stage 'visa' of vector_add.small" in out, out
     assert "kernel vector_add: the visa stage cannot lower op 'cumsum' (node 1)" in out, out
     assert_nothing_lost(proj, built, rebuilt=("vector_add",))
 
@@ -780,7 +786,7 @@ def test_json_diagnostic_for_a_broken_kernel(broken_proj, built):
     line, text = marked(BROKEN, "bk_shape_mismatch")
     assert Path(err["file"]).name == "broken.py" and err["line"] == line
     assert err["source"] == text and err["key_path"] is None
-    assert err["task"] == "compile:bk_shape_mismatch.default.trace"
+    assert err["task"] == "compile:bk_shape_mismatch.default"
     assert "shape mismatch" in err["message"]
 
 
@@ -793,21 +799,14 @@ def test_json_diagnostic_for_a_stage_error(proj, built):
         ),
     )
     proc = run_kiln(proj, "compile", "vector_add", "--message-format", "json")
-    assert_clean_failure(proc, 1)
+    # stage options are checked with the pipeline, before any task runs: exit 2, no task
+    assert_clean_failure(proc, 2)
     diags = _json_lines(proc)
-    (err,) = [d for d in diags if d["kind"] == "error"]
+    assert [d["kind"] for d in diags] == ["error"]  # no summary: nothing ran
+    (err,) = diags
     assert Path(err["file"]).name == "pipeline.yaml" and err["line"] == line_of(text, "random")
     assert err["key_path"] == "stages[3].options" and err["found"] == "random"
     assert err["message"] == "unknown scheduling policy 'random'"
     assert err["expected"] == "one of: critical-path, in-order"
-    assert err["task"] == "compile:vector_add.small.schedule"
-    assert diags[-1] == {
-        "kind": "summary",
-        "ran": 3,
-        "up_to_date": 0,
-        "failed": 1,
-        "not_run": 1,
-        "skipped": [],
-        "failed_tasks": ["compile:vector_add.small.schedule"],
-    }
-    assert_nothing_lost(proj, built, rebuilt=("vector_add",))
+    assert "task" not in err
+    assert_nothing_lost(proj, built)
