@@ -18,6 +18,7 @@ import os
 
 from kiln.tasks import ahead
 from kiln.tasks.chain_action import build_instance
+from kiln.tasks.chain_record import RECORD
 from kiln.tasks.digest import ConfigStamps, digest_json, stage_module_info
 from kiln.tasks.instance_spec import InstanceSpec
 from kiln.tasks.manifest import clean_targets, drop_damaged
@@ -158,7 +159,8 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
             "actions": [(_build, [spec])],
             "file_dep": [*spec.sources, stamps.path("chain", inst_parts)],
             "targets": targets,
-            "clean": [(_clean, [out_dir, targets, out_root, state])],
+            # the chain's record goes with its artifacts (the dir is then pruned)
+            "clean": [(_clean, [out_dir, [*targets, f"{out_dir}/{RECORD}"], out_root, state])],
         }
     ahead.register(specs)
 

@@ -5,7 +5,7 @@ pipeline.yaml ``executor: {kind, address}``; the CLI's ``--executor``,
 ``KILN_SCHEDULER`` and ``KILN_JOBS``. An address implies ``kind: dask``,
 in the file as on the command line. Every value is checked here, once,
 before any task runs: a bad one is one message naming where it came from.
-Asking for dask without ``kiln[distributed]`` is one clear error naming the extra.
+Asking for dask without ``kiln-kernels[distributed]`` is one clear error naming the extra.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 
 from kiln.errors import KilnError
 
-DISTRIBUTED_HINT = "pip install 'kiln[distributed]'"
+DISTRIBUTED_HINT = "pip install 'kiln-kernels[distributed]'"
 DEFAULT_WORKERS = 2
 MAX_WORKERS = 4096
 FILE = "pipeline.yaml"

@@ -83,7 +83,11 @@ def test_clean_filter_cleans_the_selected_instances_and_their_results_only(proje
     assert "kiln: would remove build/kiln/kernel/vector_add/small/test-sim.json" in dry.stdout
     assert _files(out) == left
     # the artifacts too: the dry run names every file the clean removes
-    would = {line.split()[-1] for line in dry.stdout.splitlines() if "would remove" in line}
+    would = {  # each file's line (the last line counts them)
+        line.split()[-1]
+        for line in dry.stdout.splitlines()
+        if line.startswith("kiln: would remove")
+    }
     assert "build/kiln/kernel/vector_add/small/kernel.edf" in would
     gone = run_kiln(project, "clean", "vector*", check=True).stdout
     assert would == {line.split()[-1] for line in gone.splitlines() if "kiln: removed" in line}
