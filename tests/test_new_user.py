@@ -94,7 +94,7 @@ def project(built, tmp_path) -> Path:
 # -- 1. a distribution name of its own on the package index -------------------------------
 
 # files another change rewrites now; their hints move to the new name with it
-PENDING_RENAME = {"tasks/executor.py"}
+PENDING_RENAME: set[str] = set()
 OLD_EXTRA = re.compile(r"(?<![\w-])kiln\[(iree|distributed|test|bench)\]")
 
 
