@@ -475,7 +475,7 @@ def test_missing_iree_extra_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "iree.compiler", None)
     runner = IreeRunner()
     assert runner.unavailable() == MISSING_EXTRA
-    with pytest.raises(TargetError, match=r"pip install 'kiln\[iree\]'"):
+    with pytest.raises(TargetError, match=r"pip install 'kiln-kernels\[iree\]'"):
         runner.prepare(KernelArtifacts("x", _small_graph(), Path(".")))
 
 
