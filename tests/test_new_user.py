@@ -71,6 +71,26 @@ def kiln(root: Path, *argv: str, env: dict | None = None) -> tuple[int, str, str
     return rc, out.getvalue(), err.getvalue()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _forget_project_modules():
+    """These tests run kiln in this process: the temporary projects' own packages
+    (``kernels``, ...) and path entries must not outlive them and shadow the next
+    test's project."""
+    modules, path = dict(sys.modules), list(sys.path)
+    yield
+    for name, module in list(sys.modules.items()):
+        if name in modules:
+            if modules[name] is not module:  # a project module of the same name: put back
+                sys.modules[name] = modules[name]
+            continue
+        file = getattr(module, "__file__", None) or ""
+        if not name.startswith(("kiln", "numpy", "ml_dtypes")) and not file.startswith(
+            str(REPO / ".venv")
+        ):
+            del sys.modules[name]
+    sys.path[:] = path
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("newbie") / "p"
@@ -159,17 +179,17 @@ def test_config_text_shows_the_out_dir_the_environment_sets(project):
 def test_quiet_clean_prints_only_the_count(project, quiet):
     rc, out, err = kiln(project, *quiet, "-n")
     assert rc == 0, err
-    assert out.splitlines() == ["kiln clean: would remove 14 files"], out
+    assert out.splitlines() == ["kiln clean: would remove 16 files"], out
     rc, out, err = kiln(project, *quiet)
-    assert (rc, out) == (0, "kiln clean: removed 14 files\n"), out + err
+    assert (rc, out) == (0, "kiln clean: removed 16 files\n"), out + err
     assert not list((project / "build/kiln/kernel").rglob("*.edf"))
 
 
 def test_clean_lists_each_file_and_the_count_without_q(project):
     rc, out, err = kiln(project, "clean")
     lines = out.splitlines()
-    assert rc == 0 and lines[-1] == "kiln clean: removed 14 files", out + err
-    assert sum(line.startswith("kiln: removed build/") for line in lines) == 14
+    assert rc == 0 and lines[-1] == "kiln clean: removed 16 files", out + err
+    assert sum(line.startswith("kiln: removed build/") for line in lines) == 16
 
 
 def test_quiet_init_and_run_say_only_what_was_asked(tmp_path, project):

@@ -127,7 +127,7 @@ def test_dask_without_the_extra_is_one_message_naming_it(monkeypatch):
     monkeypatch.delenv("KILN_EXECUTOR", raising=False)
     with pytest.raises(KilnError) as info:
         resolve_executor({"kind": "dask"}, ".")
-    assert "kiln[distributed]" in info.value.hint
+    assert "kiln-kernels[distributed]" in info.value.hint
 
 
 def test_worker_refuses_a_client_with_other_stage_code():
