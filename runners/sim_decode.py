@@ -40,8 +40,9 @@ from kiln.ir.edf import (
     SLOT,
     Layout,
     canonical_json,
+    decode_signature,
 )
-from kiln.ir.lir import ArgSlot, Instr, Program, ScheduledProgram, instr_to_obj
+from kiln.ir.lir import Instr, Program, ScheduledProgram, instr_to_obj
 
 SLOT_DTYPE = np.dtype([("instr", "<u4"), ("unit", "<u4"), ("start", "<i8"), ("end", "<i8")])
 assert SLOT_DTYPE.itemsize == SLOT.size
@@ -98,7 +99,7 @@ def decode_columns(raw: bytes, layout: Layout) -> Columns:
         sec = layout.section(type_id)
         return raw[sec.offset : sec.offset + sec.size]
 
-    program = _signature(section(SIGNATURE))
+    program = decode_signature(section(SIGNATURE))
     meta = json.loads(section(METADATA).decode("ascii"))
     need(isinstance(meta, dict), "metadata is an object")
     table, units, _ = _schedule(section(SCHEDULE))
@@ -136,24 +137,6 @@ def decode_columns(raw: bytes, layout: Layout) -> Columns:
     except msgpack.OutOfData:
         return builder.finish(program, metadata, table, units)
     raise NotColumnar("bytes after the instruction list")
-
-
-def _signature(data: bytes) -> Program:
-    """As ``kiln.ir.edf`` reads the SIGNATURE section."""
-    sig = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
-    return Program(
-        kernel=sig["kernel"],
-        machine=sig["machine"],
-        units=tuple((str(k), int(c)) for k, c in sig["units"]),
-        args=tuple(
-            ArgSlot(name, role, tuple(int(d) for d in shape), dtype, int(off), int(nb))
-            for name, role, dtype, shape, off, nb in sig["args"]
-        ),
-        instrs=(),
-        sram_bytes=int(sig["sram_bytes"]),
-        sram_peak=int(sig["sram_peak"]),
-        dram_bytes=int(sig["dram_bytes"]),
-    )
 
 
 def _schedule(data: bytes) -> tuple[np.ndarray, tuple[str, ...], str]:

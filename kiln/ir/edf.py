@@ -383,7 +383,7 @@ def _decode(raw: bytes, path_hint: str) -> EdfFile:
                 path=path_hint,
             ) from None
 
-    program = parse(SIGNATURE, _decode_signature)
+    program = parse(SIGNATURE, decode_signature)
     # arrays come back as tuples, which is what the IR holds: nothing to convert
     instrs = parse(
         INSTRUCTIONS, lambda data: tuple(instr_from_obj(i) for i in _unpack(data, tuples=True))
@@ -404,7 +404,8 @@ def _decode(raw: bytes, path_hint: str) -> EdfFile:
     return EdfFile(ScheduledProgram(program, slots, policy), canonical_json(meta))
 
 
-def _decode_signature(data: bytes) -> Program:
+def decode_signature(data: bytes) -> Program:
+    """The SIGNATURE section: the program without its instructions (the simulator reads it too)."""
     sig = _unpack(data)
     return Program(
         kernel=sig["kernel"],
