@@ -348,7 +348,7 @@ def test_version_names_kiln_doit_python_and_iree(capsys, flag):
     rc, out, _ = _main(capsys, flag)
     lines = out.splitlines()
     assert rc == 0
-    assert lines[0] == f"kiln {metadata.version('kiln')}" == "kiln 0.1.0"
+    assert lines[0] == f"kiln {metadata.version('kiln-kernels')}" == "kiln 0.1.0"
     assert lines[1] == f"doit {metadata.version('doit')}"
     assert lines[2] == f"Python {platform.python_version()}"
     assert lines[3].startswith("IREE ")  # a version, or "IREE not installed"
