@@ -1,39 +1,29 @@
 """What pipeline.yaml says about a kernel, checked against the kernel itself, for people.
 
-Two things the project model accepts in silence or says vaguely:
+Two things the project model would otherwise accept in silence or say vaguely:
 
 - a shape set that binds a dim no argument of the kernel uses (``Z: 3``) is
   accepted, its value ignored: one warning at its line says so;
 - a kernel listed in pipeline.yaml whose function exists but lacks
-  ``@device`` was "not a @device function in any package": the error now
-  names the function's file and line and says to add ``@device``.
+  ``@device`` is "not a @device function in any package": the error names
+  the function's file and line and says to add ``@device``.
 
-``checked_project`` is how Kiln's commands find their project with both.
-(They belong in the project model, tasks/project.py, where every entry
-point, plain ``doit`` included, would get them; the commands call them here
-until it does.)
+The project model (tasks/project.py) calls both while it loads, so every
+entry point, plain ``doit`` included, gets them.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from kiln.errors import KilnError, PipelineError
 
 
 def checked_project():
-    """``Project.find()``, warning about unused dims and pointing at a missing ``@device``."""
+    """``Project.find()``: the project model itself warns and points at a missing ``@device``."""
     from kiln.tasks.project import Project
 
-    try:
-        project = Project.find()
-    except PipelineError as err:
-        _point_at_plain_function(err)
-        raise
-    for warning in unused_dims(project.pipeline, project.kernels):
-        print(warning.render(), file=sys.stderr, flush=True)
-    return project
+    return Project.find()
 
 
 def unused_dims(pipeline, kernels: dict) -> list[KilnError]:
@@ -68,30 +58,18 @@ def unused_dims(pipeline, kernels: dict) -> list[KilnError]:
     return found
 
 
-def _point_at_plain_function(err: PipelineError) -> None:
+def point_at_plain_function(err: PipelineError, root: Path, packages, name: str) -> None:
     """A "not a @device function" error for a function that exists: say where, add @device."""
-    suffix = " is not a @device function in any package"
-    if not (err.message.startswith("kernel ") and err.message.endswith(suffix)):
-        return
-    name = err.message[len("kernel ") : -len(suffix)].strip("'\"")
-    location = err.location
-    if location is None or not location.file:
-        return
+    short = name.rsplit(".", 1)[-1]
     try:
-        from kiln.tasks.project import find_pipeline
-
-        root = find_pipeline().parent
-        from kiln.pipeline import load_pipeline
-
-        packages = load_pipeline(root / "pipeline.yaml").packages
+        where = plain_function(root, packages, short)
     except Exception:  # only a better hint: the error stands as it is
         return
-    where = plain_function(root, packages, name.rsplit(".", 1)[-1])
     if where is None:
         return
     file, line = where
-    err.notes.append(f"{file}:{line}: def {name.rsplit('.', 1)[-1]}(...) has no @device")
-    err.hint = f"add `@device` (from kiln import device) above def {name.rsplit('.', 1)[-1]}"
+    err.notes.append(f"{file}:{line}: def {short}(...) has no @device")
+    err.hint = f"add `@device` (from kiln import device) above def {short}"
 
 
 def plain_function(root: Path, packages, name: str) -> tuple[str, int] | None:

@@ -17,6 +17,7 @@ from kiln.tasks.importpath import add_project_root
 from kiln.errors import Location, PipelineError, printable, relative_path
 from kiln.fsutil import remove_stale_tmp
 from kiln.ir.graph import ITEMSIZE, MAX_TENSOR_BYTES
+from kiln.kernel_checks import point_at_plain_function, unused_dims
 
 PIPELINE_FILE = "pipeline.yaml"
 # The host oracle and the simulator hold every argument in memory: a tensor
@@ -61,6 +62,8 @@ class Project:
             self._check_out_dir()
         self.discovery = Discovery(self.root, self.state_dir / "discovery.json")
         self.kernels = self._resolve_kernels()
+        for warning in unused_dims(self.pipeline, self.kernels):
+            print(warning.render(), file=sys.stderr, flush=True)
         self.instances = [
             KernelInstance(
                 spec.name,
@@ -194,7 +197,7 @@ class Project:
 
                 names = sorted({k for k in found if "." not in k})
                 close = difflib.get_close_matches(wanted, names, n=1)
-                raise PipelineError(
+                err = PipelineError(
                     f"kernel {wanted!r} is not a @device function in any package",
                     location=self.pipeline.locate(where),
                     expected="a @device function in: " + ", ".join(self.pipeline.packages),
@@ -202,6 +205,8 @@ class Project:
                     hint=f"did you mean {close[0]!r}?" if close else None,
                     notes=[f"known kernels: {', '.join(names) or '(none)'}"],
                 )
+                point_at_plain_function(err, self.root, self.pipeline.packages, wanted)
+                raise err
             if len(candidates) > 1:
                 # A second module defining the same name must not break an entry that
                 # built yesterday: keep the first in scan order (packages as listed,

@@ -67,3 +67,22 @@ def test_records_of_old_stage_tasks_are_forgotten_once(project):
     conn.close()
     assert "compile:gemm.small.visa" not in ids and "compile:gemm.small" in ids
     wipe(project)
+
+
+def test_plain_doit_warns_of_an_unused_dim_and_points_at_a_missing_device(dodo_project):
+    pipe = dodo_project / "pipeline.yaml"
+    text = pipe.read_text()
+    pipe.write_text(text.replace("small: {N: 256}", "small: {N: 256, Z: 3}", 1))
+    listed = doit(dodo_project, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stderr.count("warning: shape set 'small' of kernel 'vector_add' binds Z") == 1
+    assert "which no argument of vector_add uses: the value is ignored" in listed.stderr
+
+    with open(dodo_project / "kernels" / "vector_add.py", "a") as f:
+        f.write("\n\ndef plain(x):\n    return x\n")
+    pipe.write_text(text.replace("kernels:\n", "kernels:\n  plain: {shapes: {s: {N: 4}}}\n", 1))
+    refused = doit(dodo_project, "list")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    assert "kernel 'plain' is not a @device function in any package" in refused.stderr
+    assert "has no @device" in refused.stderr
+    assert "hint: add `@device` (from kiln import device) above def plain" in refused.stderr
