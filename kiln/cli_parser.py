@@ -251,7 +251,7 @@ def _add_check_commands(sub) -> None:
         sub,
         "test",
         epilog="examples:\n  kiln test\n  kiln test gemm --target sim --target iree-cpu\n"
-        "  kiln test --junit report.xml",
+        "  kiln test --junit report.xml\n  kiln test gemm --fuzz 50 --seed 1",
     )
     _filters(t, "kernels or an app")
     t.add_argument(
@@ -270,7 +270,14 @@ def _add_check_commands(sub) -> None:
         help="a vacuous check fails: an oracle output that is all zeros, constant or "
         "non-finite for the inputs (choose them under `inputs:` in pipeline.yaml)",
     )
-    _seed(t)
+    t.add_argument(
+        "--fuzz",
+        type=fuzz_count,
+        metavar="N",
+        help="check one kernel at N shape bindings drawn for its dims (--seed picks them; "
+        "ranges under `fuzz:` in pipeline.yaml) instead of its declared shape sets",
+    )
+    _seed(t, "the random inputs and, with --fuzz, the shape bindings")
     _build_flags(t)
 
     r = _add(
@@ -363,6 +370,16 @@ def parallel_jobs(text: str) -> int:
 def seed(text: str) -> int:
     """argparse ``type=`` of --seed: numpy's generators take no negative seed."""
     return _whole_number(text, "a whole number, 0 or more")
+
+
+def fuzz_count(text: str) -> int:
+    """argparse ``type=`` of --fuzz: how many shape bindings, at least one."""
+    value = _whole_number(text, "a whole number of shape bindings, 1 or more")
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of shape bindings, 1 or more, found {text!r}"
+        )
+    return value
 
 
 def _whole_number(text: str, expected: str) -> int:

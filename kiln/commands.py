@@ -155,17 +155,27 @@ def cmd_test(args) -> int:
         check_output("--junit", junit)
     project = _project()
     chosen = _select(project, args, "test", apps=True)
+    fuzz = getattr(args, "fuzz", None)
+    if fuzz is not None:
+        from kiln.tasks.fuzzing import draw_for, fuzzed_instances
+
+        chosen.instances = fuzzed_instances(chosen, fuzz)
+        draw_for(project, chosen.instances[0], 1, args.seed)  # no dims to fuzz: before any build
     from kiln.tasks.testing import default_targets
 
     args.unavailable = _ready_targets(
         project,
         args.target or default_targets(project),
         asked=bool(args.target),
-        checks=None if chosen.app is not None else len(chosen.instances),
+        checks=fuzz if fuzz is not None else None if chosen.app else len(chosen.instances),
         command="test",
         quiet=chosen.app is not None,  # an app's tests say which targets they skipped
     )
     with _locked(project), writing("--junit", junit) if junit is not None else nullcontext():
+        if fuzz is not None:
+            from kiln.tasks.fuzzing import run_fuzz
+
+            return run_fuzz(project, chosen.instances, args)
         if chosen.app is not None:
             from kiln.tasks.app_tests import test_app
 

@@ -84,6 +84,16 @@ def build_instance(spec: InstanceSpec):
     return values
 
 
+def build_chain(spec: InstanceSpec) -> str:
+    """Build (or fetch) one instance outside doit; how its outputs were found.
+
+    Raises what the chain raised (StageFailed, KilnError): a caller such as
+    `kiln test --fuzz` tells a size the kernel refuses from a failure.
+    """
+    how, _, _ = _build(spec)
+    return how
+
+
 def _build(spec: InstanceSpec) -> tuple[str, ChainResult | None, int]:
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -165,6 +165,12 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     ahead.register(specs)
 
 
+def instance_specs(project: Project, instances: list[KernelInstance]) -> list[InstanceSpec]:
+    """Each instance's compile spec, as its compile task runs it: for a build outside doit
+    (`kiln test --fuzz`), through the same chain, cache and early cutoff."""
+    return [task["actions"][0][1][0] for task in compile_tasks(project, instances)]
+
+
 def trace_fields(trace: TraceSpec) -> list:
     return [trace.module, trace.function, trace.bindings, trace.dtypes, trace.default_dtype]
 

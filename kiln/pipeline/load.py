@@ -197,6 +197,7 @@ def _check_references(data: dict[str, Any], smap: Positions, root: Path) -> None
     for name, spec in data["kernels"].items():
         _check_shapes(name, spec["shapes"], smap)
         _check_inputs(name, spec, smap)
+        _check_fuzz(name, spec.get("fuzz") or {}, smap)
         _check_dtype_list(name, spec, data["kernels"], smap)
         named.append((f"kernels.{name}.machine", spec.get("machine")))
         for stage in spec.get("options") or {}:
@@ -415,6 +416,21 @@ def _check_inputs(kernel: str, spec: dict[str, Any], smap: Positions) -> None:
                     found=problem.found,
                     hint=problem.hint,
                 )
+
+
+def _check_fuzz(kernel: str, ranges: dict[str, Any], smap: Positions) -> None:
+    """Each ``fuzz:`` range is ``[low, high]`` with low <= high: an error at its line."""
+    for dim, size in ranges.items():
+        if isinstance(size, list) and size[0] > size[1]:
+            raise smap.error(
+                f"fuzz range of dim '{dim}' of kernel '{kernel}' is empty: low {size[0]} "
+                f"is above high {size[1]}",
+                f"kernels.{kernel}.fuzz.{dim}",
+                value=True,
+                expected="[low, high] with 1 <= low <= high (both included), or one size",
+                found=f"[{size[0]}, {size[1]}]",
+                hint=f"write [{size[1]}, {size[0]}]",
+            )
 
 
 def _check_dtype_list(kernel: str, spec: dict[str, Any], kernels: dict, smap: Positions) -> None:

@@ -42,6 +42,8 @@ class KernelSpec:
     # (argument, input spec) of ``inputs:``, and per shape set its own overrides
     inputs: tuple[tuple[str, Any], ...] = field(default=(), hash=False)
     set_inputs: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = field(default=(), hash=False)
+    # (dim, (low, high)) of ``fuzz:``: the sizes `kiln test --fuzz` draws for that dim
+    fuzz: tuple[tuple[str, tuple[int, int]], ...] = field(default=(), hash=False)
     # the key in pipeline.yaml, when it is not ``name``: an entry with a list of
     # dtypes makes one kernel per dtype, ``gemm_f16`` from ``gemm: {dtype: [f32, f16]}``
     entry: str | None = None
@@ -391,6 +393,10 @@ def _kernels(name: str, spec: dict[str, Any]) -> list[KernelSpec]:
         machine=spec.get("machine"),
         inputs=_items(spec.get(INPUTS_KEY)),
         set_inputs=set_inputs,
+        fuzz=tuple(
+            (dim, (size, size) if isinstance(size, int) else (size[0], size[1]))
+            for dim, size in (spec.get("fuzz") or {}).items()
+        ),
     )
     dtype = spec.get("dtype", "f32")
     if not isinstance(dtype, list):
