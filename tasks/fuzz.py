@@ -159,10 +159,18 @@ def shape_set_name(binding: Binding) -> str:
     return SHAPE_SET_PREFIX + "_".join(f"{d}{v}" for d, v in binding.items())
 
 
-def snippet(binding: Binding) -> str:
-    """One line of pipeline.yaml, under the kernel's entry, that declares ``binding``."""
-    sizes = ", ".join(f"{d}: {v}" for d, v in binding.items())
-    return f"shapes: {{{shape_set_name(binding)}: {{{sizes}}}}}"
+def snippet(binding: Binding, keep: Mapping[str, Binding] | None = None) -> str:
+    """One line of pipeline.yaml, under the kernel's entry, that declares ``binding``.
+
+    ``keep``: shape sets the line must name too (a kernel whose one set is
+    written flat, ``shapes: {N: 64}``, takes a named set only beside it).
+    """
+    sets = {**(keep or {}), shape_set_name(binding): binding}
+    inner = ", ".join(
+        f"{name}: {{{', '.join(f'{d}: {v}' for d, v in sizes.items())}}}"
+        for name, sizes in sets.items()
+    )
+    return f"shapes: {{{inner}}}"
 
 
 def describe(binding: Binding) -> str:

@@ -109,11 +109,12 @@ def run_fuzz(project: Project, instances: list[KernelInstance], args) -> int:
     unavailable = getattr(args, "unavailable", None) or {}
     runnable = [t for t in dict.fromkeys(targets) if t not in unavailable]
     dims = ", ".join(symbolic_dims(first.source.params))
-    print(
-        f"kiln test: fuzzing {first.kernel} at {len(bindings)} shape binding(s) of {dims} "
-        f"on {', '.join(runnable) or 'no target'} (seed {seed})",
-        flush=True,
-    )
+    if verbosity() > 0:
+        print(
+            f"kiln test: fuzzing {first.kernel} at {len(bindings)} shape binding(s) of {dims} "
+            f"on {', '.join(runnable) or 'no target'} (seed {seed})",
+            flush=True,
+        )
     if len(bindings) < count:
         ranges = fuzz_ranges(project, first.kernel, symbolic_dims(first.source.params))
         bounds = [ranges.get(d, (DEFAULT_LOW, DEFAULT_HIGH)) for d in bindings[0]]
@@ -162,14 +163,16 @@ def check_binding(project, inst, spec, binding: dict, targets: list[str], args) 
     from kiln.driver import StageFailed
 
     seed = args.seed
-    key_path = project.pipeline.kernel(inst.kernel).key_path
+    kernel = project.pipeline.kernel(inst.kernel)
+    # a kernel with one flat set of sizes (`shapes: {N: 64}`) takes named sets only with it
+    flat = dict(kernel.shapes) if kernel.shape_set_names == ("default",) else {}
     outcome = {
         "kernel": inst.kernel,
         "instance": inst.name,
         "binding": dict(binding),
         "seed": seed,
-        "entry": key_path,
-        "snippet": snippet(binding),
+        "entry": kernel.key_path,
+        "snippet": snippet(binding, {name: dict(dims) for name, dims in flat.items()}),
     }
     refused = too_large(project, inst, binding)
     error = None
@@ -259,7 +262,8 @@ def reproduce_lines(project: Project, outcome: dict) -> str:
     return "\n".join(
         [
             f"    binding: {describe(outcome['binding'])} (--seed {seed})",
-            f"    declare it under {outcome['entry']} in {project.pipeline_path.name}: "
+            f"    declare it under {outcome['entry']} in {project.pipeline_path.name} "
+            "(beside its shape sets): "
             f"{outcome['snippet']}",
             f"    then: kiln test {outcome['instance']} --seed {seed}",
         ]

@@ -2,7 +2,9 @@
 
 A vacuous-check warning (kiln.compare.vacuity) is a ``kiln.warning``
 property of its testcase and a line of its ``system-err``; under
-``--strict`` the testcase is a ``failure`` saying so.
+``--strict`` the testcase is a ``failure`` saying so. A check of
+`kiln test --fuzz` carries its binding, seed and pipeline.yaml line as
+``kiln.fuzz.*`` properties.
 """
 
 from __future__ import annotations
@@ -26,10 +28,20 @@ def write_junit(path: Path, reports: list[dict]) -> None:
         )
         status = r["status"]
         warnings = list(r.get("warnings", ()))
-        if warnings:  # first in a testcase, as JUnit's schema orders it
+        fuzz = r.get("fuzz") or {}
+        if warnings or fuzz:  # first in a testcase, as JUnit's schema orders it
             properties = ET.SubElement(case, "properties")
             for warning in warnings:
                 ET.SubElement(properties, "property", name="kiln.warning", value=warning)
+            for key in ("binding", "seed", "snippet"):  # `kiln test --fuzz`: how to reproduce
+                if key in fuzz:
+                    value = fuzz[key]
+                    text = (
+                        ", ".join(f"{d}={v}" for d, v in value.items())
+                        if key == "binding"
+                        else str(value)
+                    )
+                    ET.SubElement(properties, "property", name=f"kiln.fuzz.{key}", value=text)
         if status == "fail" and r.get("strict"):  # --strict: the check was vacuous
             counts["fail"] += 1
             message = "vacuous check (--strict): the oracle's output checks little"
