@@ -273,11 +273,18 @@ def render_yaml(pipeline: Pipeline, data: dict[str, Any], origins: dict[str, str
 
 
 def _kernel(spec: KernelSpec) -> dict[str, Any]:
+    set_inputs = dict(spec.set_inputs)
+    shapes = {
+        name: {**dict(dims), **({"inputs": dict(set_inputs[name])} if name in set_inputs else {})}
+        for name, dims in spec.shapes
+    }
     return _without_none(
         function=spec.function,
         dtype=spec.dtype,
         dtypes=dict(spec.dtypes) or None,
-        shapes={name: dict(dims) for name, dims in spec.shapes},
+        inputs=dict(spec.inputs) or None,
+        shapes=shapes,
+        fuzz={d: low if low == high else [low, high] for d, (low, high) in spec.fuzz} or None,
         options={stage: dict(opts) for stage, opts in spec.options} or None,
         tolerance=spec.tolerance,
         machine=spec.machine,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -271,18 +270,6 @@ def describe_output(name: str, value: Any) -> str:
     )
 
 
-def save_outputs(outputs: list[tuple[str, Any]], directory: Path) -> list[Path]:
-    import numpy as np
-
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, value in outputs:
-        path = directory / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".npy")
-        np.save(path, np.asarray(value))
-        written.append(path)
-    return written
-
-
 def run_app(project: Project, name: str, target: str, save_dir: Path | None = None) -> int:
     """`kiln run APP`: build what the app reaches, run main() on ``target``, print its outputs."""
     from kiln.tasks.running import build
@@ -307,8 +294,20 @@ def run_app(project: Project, name: str, target: str, save_dir: Path | None = No
     for line in dispatcher.summary():
         print(line)
     if save_dir is not None:
-        written = save_outputs(outputs, save_dir)
-        print(f"  saved {len(written)} output(s) to {save_dir}")
+        import numpy as np
+
+        from kiln.outputs import save_outputs  # one writer for kernels and apps
+
+        # a leaf that is no array (an object of the app's own) has no .npy form
+        arrays = [(n, v) for n, v in outputs if np.asarray(v).dtype.kind != "O"]
+        written = save_outputs(arrays, save_dir)
+        print(
+            f"  saved {len(written)} output(s) to {save_dir} (<name>.npy and outputs.json: "
+            "read them with np.load, or kiln.load_outputs for their own dtypes)"
+        )
+        left = [n for n, v in outputs if np.asarray(v).dtype.kind == "O"]
+        if left:
+            print(f"  not saved (not arrays): {', '.join(left)}")
     return 0
 
 

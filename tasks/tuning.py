@@ -284,13 +284,12 @@ def _simulate(project, inst, graph, edf_path: Path, out_dir: Path) -> str | None
     from kiln.runners.base import KernelArtifacts
     from kiln.runners.cpu import CpuRunner
     from kiln.runners.sim import SimRunner
-    from kiln.tasks.running import load_function
+    from kiln.tasks.running import instance_inputs, load_function
 
     from kiln.compare import compare
-    from kiln.inputs import random_inputs
 
     artifacts = KernelArtifacts(inst.name, graph, out_dir, edf_path, load_function(project, inst))
-    inputs = random_inputs(inst.name, [(a.shape, a.dtype) for a in graph.args], 0)
+    inputs = instance_inputs(project, inst, graph)  # pipeline.yaml's inputs:, as kiln test draws
     oracle = CpuRunner()
     expected = oracle.run(oracle.prepare(artifacts), inputs).outputs
     sim = SimRunner(machine=project.kernel_machine(inst.kernel))
