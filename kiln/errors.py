@@ -79,6 +79,9 @@ class KilnError(Exception):
     hint: str | None = None
     kind: str = "error"
     notes: list[str] = field(default_factory=list)
+    # what failures of many instances share (a machine too small for any tile): they are
+    # printed once, with the instances they hit (tasks/failure_groups.py)
+    cause: str | None = None
 
     def __post_init__(self) -> None:
         Exception.__init__(self, self.message)
@@ -129,7 +132,7 @@ class KilnError(Exception):
             "found": self.found,
             "hint": self.hint,
             "notes": list(self.notes),
-        }
+        } | ({"cause": self.cause} if self.cause else {})
 
 
 class Abort(BaseException):

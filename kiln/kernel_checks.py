@@ -27,7 +27,7 @@ def checked_project():
 
 
 def unused_dims(pipeline, kernels: dict) -> list[KilnError]:
-    """One warning per shape-set binding of a dim that no argument of its kernel uses.
+    """One warning per kernel and dim that shape sets bind but no argument of it uses.
 
     ``kernels``: kernel name -> its source (``params``: (argument, dims) pairs).
     """
@@ -40,21 +40,27 @@ def unused_dims(pipeline, kernels: dict) -> list[KilnError]:
         args = ", ".join(
             f"{arg}[{', '.join(map(str, dims))}]" if dims else arg for arg, dims in source.params
         )
+        unused: dict[str, list[tuple[str, object]]] = {}  # dim -> (shape set, value)
         for set_name, bindings in spec.shapes:
             for dim, value in bindings:
-                if dim in used:
-                    continue
-                found.append(
-                    KilnError(
-                        f"shape set {set_name!r} of kernel {spec.name!r} binds {dim}, which no "
-                        f"argument of {source.name} uses: the value is ignored",
-                        location=pipeline.locate(f"kernels.{spec.name}.shapes.{set_name}.{dim}"),
-                        expected="dims of its arguments: " + (", ".join(sorted(used)) or "(none)"),
-                        found=f"{dim}: {value}; {source.name}({args})",
-                        hint=f"remove {dim}, or name it in an argument's Tensor[...] annotation",
-                        kind="warning",
-                    )
+                if dim not in used:
+                    unused.setdefault(dim, []).append((set_name, value))
+        for dim, sets in unused.items():  # one warning per dim, however many sets bind it
+            set_name, value = sets[0]
+            which = f"shape set {set_name!r}"
+            if len(sets) > 1:
+                which = "shape sets " + ", ".join(repr(s) for s, _ in sets)
+            found.append(
+                KilnError(
+                    f"{which} of kernel {spec.name!r} bind{'s' * (len(sets) == 1)} {dim}, "
+                    f"which no argument of {source.name} uses: the value is ignored",
+                    location=pipeline.locate(f"kernels.{spec.name}.shapes.{set_name}.{dim}"),
+                    expected="dims of its arguments: " + (", ".join(sorted(used)) or "(none)"),
+                    found=f"{dim}: {value}; {source.name}({args})",
+                    hint=f"remove {dim}, or name it in an argument's Tensor[...] annotation",
+                    kind="warning",
                 )
+            )
     return found
 
 

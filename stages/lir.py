@@ -151,14 +151,17 @@ def _allocate(program: visa.Program, options: Options, machine: dict, scan: _Sca
             continue
         return addrs, {b.name: b.slot for b in lives}, twice
     need = failure.buf.slot
+    name = machine.get("name", "?")
     raise StageError(
         f"kernel {program.kernel}: tile %{failure.buf.name} needs {need} bytes of SRAM, "
-        f"only {failure.largest} available (machine {machine.get('name', '?')})",
+        f"only {failure.largest} available (machine {name})",
         hint="reduce the visa stage's tile options (tile_m, tile_n, tile_k, vector_tile)",
         notes=[
             "live in SRAM then: "
             + (", ".join(f"%{n} ({b} bytes)" for n, b in failure.live) or "nothing")
         ],
+        # the whole SRAM holds no such tile: one cause for every kernel built for the machine
+        cause=f"machine {name}: {capacity} bytes of SRAM hold no tile" if need > capacity else None,
     )
 
 

@@ -195,6 +195,13 @@ def run_bench(project, instances: list, args) -> int:
             save_bench_row(inst.out_dir, row)  # the last numbers, for `kiln view`
         rows += timed
     print(render(rows, args.output_format), end="")
-    for name in unbuilt:
-        print(f"kiln bench: {name} not timed: it did not build", file=sys.stderr)
+    if len(unbuilt) == 1:
+        print(f"kiln bench: {next(iter(unbuilt))} not timed: it did not build", file=sys.stderr)
+    elif unbuilt:  # their errors were printed once each by the build
+        from kiln.tasks.failure_groups import affected
+
+        from kiln.logconfig import verbosity
+
+        not_timed = affected(list(unbuilt), verbosity() >= 2)
+        print(f"kiln bench: not timed, as they did not build: {not_timed}", file=sys.stderr)
     return 1 if unbuilt else 0

@@ -188,6 +188,7 @@ class Project:
                 found.setdefault(k.name, []).append(k)
                 found.setdefault(k.path, []).append(k)
         resolved = {}
+        twins: dict[tuple[str, ...], list] = {}  # the modules defining a name -> its entries
         for spec in self.pipeline.kernels:
             where = spec.key_path  # an entry with a list of dtypes: its own key
             wanted = spec.function or spec.name
@@ -211,19 +212,36 @@ class Project:
                 # A second module defining the same name must not break an entry that
                 # built yesterday: keep the first in scan order (packages as listed,
                 # modules sorted) and say how to pin it.
-                loc = self.pipeline.locate(where)
-                at = f"{loc.header()}: " if loc else ""
-                print(
-                    f"{at}warning: kernel {spec.name!r} is defined in several modules "
-                    f"({', '.join(k.path for k in candidates)}); building "
-                    f"{candidates[0].path}. Add `function: {candidates[0].path}` under "
-                    f"kernels.{spec.name} to pin it (or name the other one)",
-                    file=sys.stderr,
-                )
+                modules = tuple(k.module for k in candidates)
+                twins.setdefault(modules, []).append((spec, candidates))
             source = candidates[0]
             self._check_bindings(spec, source)
             resolved[spec.name] = source
+        for modules, specs in twins.items():  # a copied module: one warning, not one per kernel
+            self._warn_twins(modules, specs)
         return resolved
+
+    def _warn_twins(self, modules: tuple[str, ...], entries: list) -> None:
+        """Entries whose function several modules define: building the first module's."""
+        spec, candidates = entries[0]
+        loc = self.pipeline.locate(spec.key_path)
+        at = f"{loc.header()}: " if loc else ""
+        if len(entries) == 1:
+            print(
+                f"{at}warning: kernel {spec.name!r} is defined in several modules "
+                f"({', '.join(k.path for k in candidates)}); building "
+                f"{candidates[0].path}. Add `function: {candidates[0].path}` under "
+                f"kernels.{spec.name} to pin it (or name the other one)",
+                file=sys.stderr,
+            )
+            return
+        names = ", ".join(repr(s.name) for s, _ in entries)
+        print(
+            f"{at}warning: kernels {names} are each defined in several modules "
+            f"({', '.join(modules)}); building {modules[0]}'s. Add `function: "
+            f"{modules[0]}.NAME` under each entry to pin it (or name the other module)",
+            file=sys.stderr,
+        )
 
     def _check_bindings(self, spec, source: KernelSource) -> None:
         args = [arg for arg, _ in source.params]

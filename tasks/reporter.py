@@ -13,8 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+from kiln.tasks.failure_groups import affected, cause_key, group_failures, instance_of
 from kiln.tasks.task_failure import DIAGNOSTIC_MARK
 
+from kiln.errors import relative_path
 from kiln.interrupts import interrupted
 from kiln.logconfig import verbosity
 
@@ -87,6 +89,7 @@ class KilnReporter:
         self.ran: list[str] = []
         self.uptodate = 0
         self.failures: list[tuple[str, object]] = []
+        self.causes: dict[str, str] = {}  # cause key -> the first failed task with it
         self.cache_counts = {"hit": 0, "fetched": 0, "compiled": 0}
         self.blocked: list[str] = []
         self.skipped: list[tuple[str, str]] = []  # (task, reason): a target not available here
@@ -154,11 +157,19 @@ class KilnReporter:
         diag = diagnostic_from_failure(fail)
         _last_failures[task.name] = diag if diag is not None else fail.get_msg().strip()
         self._record(task, "failed", diag or {"kind": "error", "message": fail.get_msg().strip()})
-        if self.format == "json":
+        # one cause, one message: a failure like one printed already is in the summary's count
+        first = self.causes.setdefault(cause_key(task.name, _last_failures[task.name]), task.name)
+        if self.format == "json":  # one object per task; a repeat names the first of its cause
             if diag is None:
                 diag = {"kind": "error", "message": fail.get_msg().strip()}
             diag["task"] = task.name
+            if first != task.name:
+                diag["same_as"] = first
             self._write(json.dumps(diag, sort_keys=True) + "\n")
+            return
+        if first != task.name:
+            if self.verbosity >= 2:
+                self._err(f"FAILED {task.name}: the same error as {first}\n")
             return
         text = render_diagnostic(diag) if diag else fail.get_msg().rstrip()
         self._err(f"FAILED {task.name}\n{text}\n")
@@ -237,11 +248,7 @@ class KilnReporter:
             )
             return
         if self.failures:
-            self._err(f"kiln: {len(self.failures)} failed:\n")
-            for name, fail in self.failures:
-                diag = diagnostic_from_failure(fail)
-                where = _where(diag)
-                self._err(f"  {name}" + (f" ({where})" if where else "") + "\n")
+            self._err(self._failure_summary())
         total = (
             len(self.ran) + self.uptodate + len(self.failures) + len(self.blocked)
             + len(self.skipped)
@@ -261,6 +268,29 @@ class KilnReporter:
         )
 
     # -- helpers ----------------------------------------------------------
+    def _failure_summary(self) -> str:
+        """``kiln: N failed:`` and a line per distinct error, with the instances it hit."""
+        found = [(name, diagnostic_from_failure(fail)) for name, fail in self.failures]
+        groups = group_failures(found)
+        distinct = f" ({len(groups)} distinct errors)" if len(groups) < len(found) else ""
+        if len(groups) == 1 < len(found):
+            distinct = " (one error)"
+        lines = [f"kiln: {len(found)} failed{distinct}:"]
+        for diag, names in groups:
+            wheres = {_where(d) for n, d in found if n in names}
+            where = _where(diag) if len(wheres) == 1 else ""
+            if len(names) == 1:
+                lines.append(f"  {names[0]}" + (f" ({where})" if where else ""))
+                continue
+            message = ""
+            if isinstance(diag, dict):  # a declared cause says it for every instance
+                message = diag.get("cause") or diag.get("message", "")
+            head = f"{where}: {message}" if where else message
+            lines.append(f"  {head}" if head else "  the same error:")
+            hit = affected([instance_of(n) for n in names], self.verbosity >= 2)
+            lines.append(f"    {hit}")
+        return "\n".join(lines) + "\n"
+
     def _record(self, task, outcome: str, diagnostic: dict | None = None) -> None:
         end = self.ended.pop(task.name, None) or time.time()
         record = {
@@ -328,7 +358,7 @@ def _where(diag: dict | None) -> str:
     """file:line of a diagnostic, for the list of failures at the end."""
     if not diag or not diag.get("file"):
         return ""
-    return diag["file"] + (f":{diag['line']}" if diag.get("line") else "")
+    return relative_path(diag["file"]) + (f":{diag['line']}" if diag.get("line") else "")
 
 
 def assign_workers(records: list[dict]) -> None:

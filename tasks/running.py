@@ -119,8 +119,11 @@ def build(project: Project, instances: list[KernelInstance]) -> None:
     """Build ``instances``; BuildFailed (exit 1) when any did not build."""
     problems = build_each(project, instances)
     if problems:
-        names = ", ".join(problems)
-        raise BuildFailed(f"{len(problems)} kernel instance(s) did not build: {names}")
+        from kiln.tasks.failure_groups import affected
+
+        from kiln.logconfig import verbosity
+
+        raise BuildFailed(f"did not build: {affected(list(problems), verbosity() >= 2)}")
 
 
 def build_each(

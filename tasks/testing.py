@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kiln.tasks.compile import stage_artifact
 from kiln.tasks.digest import ConfigStamps, digest_json
+from kiln.tasks.failure_groups import affected
 from kiln.tasks.project import KernelInstance, Project
 
 from kiln.errors import KilnError
@@ -245,10 +246,22 @@ def run_tests(project: Project, instances: list, args) -> int:
     from kiln.logconfig import verbosity
 
     quiet = verbosity() == 0  # -q: only failures (fail, error) and the summary
+    causes = build_error_groups(unbuilt)  # one build error, printed once with what it hit
     reports = []
     for inst in instances:
         if inst.name in unbuilt:
             found = [build_error_report(inst, t, args.seed, unbuilt[inst.name]) for t in runnable]
+            same = causes.get(inst.name)
+            if same is not None and found:  # the first instance of its error speaks for all
+                print(format_report(found[0]), flush=True)
+                for report in found[1:]:
+                    print(f"ERROR   {inst.name} @ {report['target']}: the same build error")
+                if len(same) > 1:
+                    print(f"    the same build error: {affected(same, verbosity() >= 2)}")
+            for report in found:
+                reports.append(report)
+                save_test_report(inst.out_dir, report)
+            found = []
         else:
             found = check_instance(project, inst, runnable, args.seed)
             if getattr(args, "strict", False):
@@ -285,6 +298,19 @@ def run_tests(project: Project, instances: list, args) -> int:
         if all(r["status"] == "skipped" for r in mine)
     }
     return asked_for_and_unavailable(args.target or [], skipped)
+
+
+def build_error_groups(unbuilt: dict[str, str]) -> dict[str, list[str]]:
+    """The first unbuilt instance of each build error -> every instance with that error."""
+    from kiln.tasks.failure_groups import cause_key
+    from kiln.tasks.reporter import last_run_failures
+
+    failed, _ = last_run_failures()
+    groups: dict[str, list[str]] = {}
+    for name, why in unbuilt.items():
+        task = f"compile:{name}"
+        groups.setdefault(cause_key(task, failed.get(task, why)), []).append(name)
+    return {names[0]: names for names in groups.values()}
 
 
 def print_notes(reports: list[dict], strict: bool) -> None:
