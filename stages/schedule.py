@@ -4,8 +4,10 @@ Each instruction gets a unit instance of its kind and a start cycle. The
 scheduler is event-driven: at each cycle where something finishes it
 releases the successors, then fills every free unit instance with the best
 ready instruction of its kind. ``critical-path`` ranks ready instructions by
-bottom level (longest latency-weighted path to a sink, ties by id);
-``in-order`` issues each unit kind's instructions strictly in program order.
+bottom level (longest latency-weighted path to a sink, ties by id), raised
+for the last unissued predecessor of an instruction whose other predecessors
+have issued (see ``_critical_path``); ``in-order`` issues each unit kind's
+instructions strictly in program order.
 """
 
 from __future__ import annotations
@@ -93,12 +95,12 @@ def _run(program: Program, options: Options) -> ScheduledProgram:
         raise StageError(f"cannot schedule {program.kernel!r}: {exc}") from None
     if options.policy == "critical-path":
         bl = bottom_levels(program, preds, order)
-        start, unit = _list_schedule(kind_of, bound, lat, preds, counts, bl, None)
+        start, unit = _critical_path(kind_of, bound, lat, preds, counts, bl)
     else:
         queues: list[list[int]] = [[] for _ in kinds]
         for pos, k in enumerate(kind_of):
             queues[k].append(pos)
-        start, unit = _list_schedule(kind_of, bound, lat, preds, counts, None, queues)
+        start, unit = _in_order(kind_of, bound, lat, preds, counts, queues)
         if start is None:
             raise StageError(
                 f"cannot schedule {program.kernel!r} in order: a dependency points forward "
@@ -135,71 +137,77 @@ def _bind(program: Program, table, code: int, kind_no: dict, kinds: list, counts
     return k, b if b < counts[k] else -1
 
 
-def _list_schedule(kind_of, bound, lat, preds, counts, prio, queues):
-    """Start cycles and instance numbers per position; (None, None) if in-order deadlocks.
-
-    ``prio`` (bottom levels) selects critical-path; otherwise ``queues`` holds
-    each kind's positions in program order and only a queue's head may issue.
-    """
-    n = len(kind_of)
-    nk = len(counts)
-    succs: list[list[int]] = [[] for _ in range(n)]
-    indeg = [0] * n
+def _successors(preds: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Successor lists and predecessor counts per position."""
+    succs: list[list[int]] = [[] for _ in preds]
     for k, p in enumerate(preds):
-        indeg[k] = len(p)
         for s in p:
             succs[s].append(k)
+    return succs, [len(p) for p in preds]
+
+
+def _critical_path(kind_of, bound, lat, preds, counts, prio):
+    """Start cycles and instance numbers per position, highest ``prio`` first.
+
+    ``prio`` holds bottom levels. One priority is raised as the schedule goes:
+    when issuing ``p`` leaves a successor ``s`` waiting on one unissued
+    predecessor ``q``, ``q`` ranks at least as high as the path through ``p``
+    (``lat[p] + prio[s]``). Without it, two pipelines that share a unit kind
+    advance in lock step, each issuing its long instruction first while the
+    short one that frees its next step waits for a unit (a row reduction's
+    store behind the next row's load), and the units idle while both
+    pipelines' middle steps run.
+    """
+    n = len(kind_of)
+    succs, indeg = _successors(preds)
+    waiting = list(indeg)  # predecessors not yet issued
     free = [[True] * c for c in counts]
     nfree = list(counts)
     start = [0] * n
     unit = [0] * n
-    # heaps hold ints, cheaper to compare than tuples: events end * n + position;
-    # ready lists (top - bottom level) * n + position, so ties go to the lower position
+    # heaps hold ints, cheaper to compare than tuples: events end * n + position; ready
+    # entries (top - priority) * n + position, so ties go to the lower position. key[p]
+    # is p's live entry (-1 once issued): an entry that differs from it is skipped.
+    top = max(prio, default=0)
+    key = [(top - b) * n + p for p, b in enumerate(prio)]
     events: list[int] = []
-    ready: list[list[int]] = [[] for _ in range(nk)]
-    heads = [0] * nk
+    ready: list[list[int]] = [[] for _ in counts]
     push, pop = heappush, heappop
-    key = [0] * n
-    if prio is not None:
-        top = max(prio, default=0)
-        key = [(top - b) * n + p for p, b in enumerate(prio)]
-        for p in range(n):
-            if indeg[p] == 0:
-                push(ready[kind_of[p]], key[p])
+    for p in range(n):
+        if indeg[p] == 0:
+            push(ready[kind_of[p]], key[p])
     done = 0
     t = 0
+    kinds = range(len(counts))
     while True:
-        for k in range(nk):
-            if not nfree[k]:
-                continue
+        for k in kinds:
+            h = ready[k]
             fr = free[k]
-            if prio is not None:
-                h = ready[k]
-                while h and nfree[k]:
-                    p = pop(h) % n
-                    u = bound[p]
-                    if u < 0 or not fr[u]:
-                        u = fr.index(True)
-                    fr[u] = False
-                    nfree[k] -= 1
-                    start[p] = t
-                    unit[p] = u
-                    push(events, (t + lat[p]) * n + p)
-            else:
-                q = queues[k]
-                i = heads[k]
-                while nfree[k] and i < len(q) and indeg[q[i]] == 0:
-                    p = q[i]
-                    i += 1
-                    u = bound[p]
-                    if u < 0 or not fr[u]:
-                        u = fr.index(True)
-                    fr[u] = False
-                    nfree[k] -= 1
-                    start[p] = t
-                    unit[p] = u
-                    push(events, (t + lat[p]) * n + p)
-                heads[k] = i
+            while h and nfree[k]:
+                entry = pop(h)
+                p = entry % n
+                if entry != key[p]:
+                    continue
+                key[p] = -1
+                u = bound[p]
+                if u < 0 or not fr[u]:
+                    u = fr.index(True)
+                fr[u] = False
+                nfree[k] -= 1
+                start[p] = t
+                unit[p] = u
+                push(events, (t + lat[p]) * n + p)
+                for s in succs[p]:
+                    waiting[s] -= 1
+                    if waiting[s] == 1:  # raise s's last unissued predecessor
+                        rank = (top - lat[p] - prio[s]) * n
+                        for q in preds[s]:
+                            if key[q] >= 0:
+                                if key[q] > rank + q:
+                                    key[q] = rank + q
+                                    if indeg[q] == 0:
+                                        push(ready[kind_of[q]], rank + q)
+                                break
         if not events:
             break
         t = events[0] // n
@@ -212,8 +220,55 @@ def _list_schedule(kind_of, bound, lat, preds, counts, prio, queues):
             nfree[k] += 1
             for s in succs[p]:
                 indeg[s] -= 1
-                if indeg[s] == 0 and prio is not None:
+                if indeg[s] == 0:
                     push(ready[kind_of[s]], key[s])
+    return start, unit
+
+
+def _in_order(kind_of, bound, lat, preds, counts, queues):
+    """Start cycles and instance numbers per position; (None, None) on a deadlock.
+
+    ``queues`` holds each kind's positions in program order; only a queue's head may issue.
+    """
+    n = len(kind_of)
+    succs, indeg = _successors(preds)
+    free = [[True] * c for c in counts]
+    nfree = list(counts)
+    start = [0] * n
+    unit = [0] * n
+    events: list[int] = []  # end * n + position
+    heads = [0] * len(counts)
+    push, pop = heappush, heappop
+    done = 0
+    t = 0
+    while True:
+        for k, q in enumerate(queues):
+            fr = free[k]
+            i = heads[k]
+            while nfree[k] and i < len(q) and indeg[q[i]] == 0:
+                p = q[i]
+                i += 1
+                u = bound[p]
+                if u < 0 or not fr[u]:
+                    u = fr.index(True)
+                fr[u] = False
+                nfree[k] -= 1
+                start[p] = t
+                unit[p] = u
+                push(events, (t + lat[p]) * n + p)
+            heads[k] = i
+        if not events:
+            break
+        t = events[0] // n
+        limit = (t + 1) * n
+        while events and events[0] < limit:
+            p = pop(events) % n
+            done += 1
+            k = kind_of[p]
+            free[k][unit[p]] = True
+            nfree[k] += 1
+            for s in succs[p]:
+                indeg[s] -= 1
     if done != n:
         return None, None
     return start, unit
