@@ -157,6 +157,67 @@ def test_bindings_the_kernels_shape_rules_refuse_are_skipped_and_counted(project
     )
 
 
+BROKEN_VISA = """\
+\"\"\"The visa stage, deliberately broken: a partial tile after a whole one is dropped.\"\"\"
+
+from kiln.stages import visa_emit
+from kiln.stages.visa import (  # noqa: F401  the stage's interface, unchanged
+    ARTIFACT,
+    CAPABILITIES,
+    DUMPS,
+    EXACT_ROUND_TRIP,
+    INPUT,
+    NAME,
+    Options,
+    decode,
+    read,
+    run,
+    run_with_side_artifacts,
+    serialize,
+    verify,
+)
+
+_boxes = visa_emit.iter_boxes
+
+
+def _without_remainders(shape, box, inner=(), order="mn"):
+    for origin, extent, first, last in _boxes(shape, box, inner, order):
+        if not any(o and e < b for o, e, b in zip(origin, extent, box)):
+            yield origin, extent, first, last
+
+
+visa_emit.iter_boxes = _without_remainders
+"""
+
+
+def test_a_tiling_that_drops_the_remainder_tile_is_caught_by_fuzzing_not_by_the_declared_shape(
+    project,
+):
+    # npu-tiny tiles gemm's output by 32: the declared 64s are whole tiles
+    (project / "brokenvisa.py").write_text(BROKEN_VISA)
+    text = (project / "pipeline.yaml").read_text()
+    text = text.replace("machine: npu-v1", "machine: npu-tiny")
+    text = text.replace("module: kiln.stages.visa}", "module: brokenvisa}")
+    text = text.replace("kernels:\n", "kernels:\n  mm:\n    shapes: {M: 64, K: 64, N: 64}\n", 1)
+    text = text.replace("    fuzz: {N: [1, 200]}\n", "")
+    (project / "pipeline.yaml").write_text(text)
+    (project / "kernels" / "mm.py").write_text(
+        "from kiln import Tensor, device\n\n\n@device\n"
+        'def mm(a: Tensor["M", "K"], b: Tensor["K", "N"]):\n    return a @ b\n'
+    )
+    declared = run_kiln(project, "test", "mm")
+    assert declared.returncode == 0, declared.stdout + declared.stderr
+    proc = run_kiln(project, "test", "mm", "--fuzz", "10", "-q")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fuzz = json.loads((project / "build/kiln/kernel/test-report.json").read_text())["fuzz"]
+    failed = [b["binding"] for b in fuzz["bindings"] if b["status"] == "fail"]
+    passed = [b["binding"] for b in fuzz["bindings"] if b["status"] == "pass"]
+    assert failed and passed
+    partial = [any(b[d] > 32 and b[d] % 32 for d in ("M", "N")) for b in failed + passed]
+    assert partial == [True] * len(failed) + [False] * len(passed)
+    assert summary(proc.stdout) == (10, len(passed), len(failed), 0, 0)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
