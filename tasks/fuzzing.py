@@ -157,10 +157,12 @@ def _check_all(project, first, bindings, targets, args, scratch, quiet) -> list[
 
 def check_binding(project, inst, spec, binding: dict, targets: list[str], args) -> dict:
     """One binding: built, then checked on each target; its outcome and reports."""
-    from kiln.tasks.chain_action import build_chain
-    from kiln.tasks.testing import build_error_report, check_instance, strict_verdict
-
-    from kiln.driver import StageFailed
+    from kiln.tasks.testing import (
+        build_error_report,
+        check_instance,
+        skipped_report,
+        strict_verdict,
+    )
 
     seed = args.seed
     kernel = project.pipeline.kernel(inst.kernel)
@@ -177,19 +179,8 @@ def check_binding(project, inst, spec, binding: dict, targets: list[str], args) 
     refused = too_large(project, inst, binding)
     error = None
     if refused is None:
-        try:
-            build_chain(spec)
-        except StageFailed as failed:
-            err = failed.error
-            if isinstance(err, (TraceError, StageError)) and not failed.options:
-                refused = f"stage {failed.stage.name!r} refuses it: {err.message}"
-            else:
-                err.notes.append(f"while running stage {failed.stage.name!r} of {inst.name}")
-                error = err.render()
-        except KilnError as err:
-            error = err.render()
-        except Exception as exc:  # a bug in a stage: a failure the fuzzer found
-            error = f"internal error building {inst.name}: {type(exc).__name__}: {exc}"
+        refused, error = build_binding(inst, spec)
+    reports: list[dict] = []
     if refused is None and error is None:
         try:
             reports = check_instance(project, inst, targets, seed)
@@ -197,11 +188,10 @@ def check_binding(project, inst, spec, binding: dict, targets: list[str], args) 
             if not hasattr(err, "argument"):  # not the inputs: a real problem
                 raise
             refused = f"its inputs cannot be drawn at this size: {err.message}"
-        else:
-            if getattr(args, "strict", False):
-                reports = [strict_verdict(r) for r in reports]
+        if getattr(args, "strict", False):
+            reports = [strict_verdict(r) for r in reports]
     if refused is not None:
-        reports = [_skipped(inst, t, seed, refused) for t in targets]
+        reports = [skipped_report(inst, t, seed, refused) for t in targets]
         status = "skipped"
         outcome["reason"] = refused
     elif error is not None:
@@ -218,6 +208,32 @@ def check_binding(project, inst, spec, binding: dict, targets: list[str], args) 
     return outcome
 
 
+def build_binding(inst: KernelInstance, spec) -> tuple[str | None, str | None]:
+    """Build one binding's instance: (why its shape rules refuse it, or the failure), or neither.
+
+    A stage that says no to the sizes (a TraceError or StageError: a reshape
+    that does not divide, a tile the machine cannot hold) refuses; a stage
+    that breaks its own IR (VerifyError), any other error and a crash fail.
+    """
+    from kiln.tasks.chain_action import build_chain
+
+    from kiln.driver import StageFailed
+
+    try:
+        build_chain(spec)
+    except StageFailed as failed:
+        err = failed.error
+        if isinstance(err, (TraceError, StageError)) and not failed.options:
+            return f"stage {failed.stage.name!r} refuses it: {err.message}", None
+        err.notes.append(f"while running stage {failed.stage.name!r} of {inst.name}")
+        return None, err.render()
+    except KilnError as err:
+        return None, err.render()
+    except Exception as exc:  # a bug in a stage: a failure the fuzzer found
+        return None, f"internal error building {inst.name}: {type(exc).__name__}: {exc}"
+    return None, None
+
+
 def too_large(project: Project, inst: KernelInstance, binding: dict) -> str | None:
     """Why an argument at ``binding`` is too large to exist (as pipeline.yaml refuses it)."""
     from kiln.ir.graph import ITEMSIZE, MAX_TENSOR_BYTES
@@ -229,12 +245,6 @@ def too_large(project: Project, inst: KernelInstance, binding: dict) -> str | No
         if size > MAX_TENSOR_BYTES:
             return f"argument {arg!r} would take {size:,} bytes, above the limit per argument"
     return None
-
-
-def _skipped(inst: KernelInstance, target: str, seed: int, why: str) -> dict:
-    from kiln.tasks.testing import skipped_report
-
-    return skipped_report(inst, target, seed, why)
 
 
 def _print_outcome(project: Project, outcome: dict, quiet: bool) -> None:
