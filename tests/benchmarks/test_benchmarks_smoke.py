@@ -47,11 +47,17 @@ def run_benchmark(name: str, *args: str) -> str:
 def test_schedule_quality_quick_prints_a_row_per_kernel_and_the_geomeans():
     out = run_benchmark("schedule_quality.py", "--quick")
     header = next(line for line in out.splitlines() if line.startswith("kernel"))
-    for column in ("size", "instrs", "lower bound", "critical-path", "in-order"):
+    for column in ("size", "instrs", "lower bound", "critical-path", "in-order", "optimum"):
         assert column in header, header
+    assert "cp / opt" in header, header
+    # the optimum's columns: solved (>= / <= where CP-SAT proved no optimum in time) or "-"
+    optimum = rf"(?:(?:>=)?\d+\s+(?:>=)?{NUMBER}\s+(?:<=)?{NUMBER}\s+{NUMBER}|-\s+-\s+-\s+-)"
     for kernel in ("vector_add", "gemm", "softmax", "layernorm", "row_max"):
-        assert re.search(rf"^{kernel}\s+\S+\s+\d+\s+\d+\s+{NUMBER}\s+{NUMBER}$", out, re.M), out
-    assert re.search(rf"^geomean\s+\d+\s+\d+\s+{NUMBER}\s+{NUMBER}$", out, re.M), out
+        row = rf"^{kernel}\s+\S+\s+\d+\s+\d+\s+{NUMBER}\s+{NUMBER}\s+{optimum}$"
+        assert re.search(row, out, re.M), out
+    assert re.search(
+        rf"^geomean\s+\d+\s+\d+\s+{NUMBER}\s+{NUMBER}\s+(?:<=)?(?:{NUMBER}|-)$", out, re.M
+    ), out
     match = re.search(
         rf"geomean makespan / lower bound: critical-path ({NUMBER}) \(target <= 1\.10: "
         rf"(met|MISSED)\), in-order ({NUMBER})",
@@ -59,7 +65,22 @@ def test_schedule_quality_quick_prints_a_row_per_kernel_and_the_geomeans():
     )
     assert match, out
     assert float(match[1]) >= 1.0 and float(match[3]) >= 1.0  # a ratio to a lower bound
-    assert re.search(r"^targets: 1 met, 0 missed$|^targets: 0 met, 1 missed", out, re.M), out
+    verdict = r"(?:met|MISSED|not judged)"
+    assert re.search(
+        rf"^makespan / optimum, critical-path: (?:not judged \(.+\)|geomean (?:<=)?{NUMBER} "
+        rf"\(target <= 1\.03: {verdict}\), worst (?:<=)?{NUMBER} \(.+\) \(target <= 1\.10: "
+        rf"{verdict}\))$",
+        out,
+        re.M,
+    ), out
+    met, missed, not_judged = judged_run_counts(out)
+    assert met + missed + not_judged == 3, out
+
+
+def judged_run_counts(out: str) -> tuple[int, int, int]:
+    match = SUMMARY.fullmatch(out.rstrip().splitlines()[-1])
+    assert match, out
+    return tuple(int(g or 0) for g in match.groups())
 
 
 def test_schedule_quality_on_the_tiny_machine():
