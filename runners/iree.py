@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 from kiln.runners.base import KernelArtifacts, Runner, RunResult
+from kiln.runners.iree_flags import HostCpu, host_cpu, llvm_cpu_flags, widened
 from kiln.runners.iree_mlir import func_name, to_mlir
 
 from kiln.errors import TargetError
@@ -32,14 +33,6 @@ from kiln.ir.graph import Graph
 from kiln.ir.interp import NUMPY_DTYPES
 
 MISSING_EXTRA = "the iree target needs the optional 'iree' extra: pip install 'kiln-kernels[iree]'"
-# Host-tuned llvm-cpu flags (DESIGN "Facts measured": gemm 1024 30 ms -> 11 ms).
-# O3 measured: layernorm 4096x4096 ~30% faster, softmax and gemm unchanged.
-HOST_FLAGS = (
-    "--iree-llvmcpu-target-cpu=host",
-    "--iree-opt-data-tiling",
-    "--iree-llvmcpu-enable-ukernels=all",
-    "--iree-opt-level=O3",
-)
 # device option -> (compiler target backend, runtime driver)
 DEVICES = {
     "llvm-cpu": ("llvm-cpu", "local-task"),
@@ -94,14 +87,22 @@ class IreeOptions:
                 )
         return IreeOptions(**values)
 
-    def compiler_flags(self) -> list[str]:
-        """Every flag given to iree-compile, in order (part of the cache key)."""
+    @property
+    def tuned_for_host(self) -> bool:
+        return self.device == "llvm-cpu" and self.opt
+
+    def compiler_flags(self, cpu: HostCpu | None = None) -> list[str]:
+        """Every flag given to iree-compile, in order (part of the cache key).
+
+        ``cpu`` is the resolved host CPU for llvm-cpu with opt: true
+        (runners/iree_flags.py); without it the flags say ``=host``.
+        """
         if self.device == "cuda":
             base = [f"--iree-cuda-target={self.cuda_target}"]
         elif self.device == "rocm":
             base = [f"--iree-rocm-target={self.rocm_target}"]
         elif self.opt:
-            base = list(HOST_FLAGS)
+            base = llvm_cpu_flags(cpu)
         elif not any(f.startswith("--iree-llvmcpu-target-cpu") for f in self.flags):
             base = ["--iree-llvmcpu-target-cpu=generic"]  # portable, and no warning about it
         else:
@@ -135,10 +136,22 @@ def cache_dir() -> Path:
     return default_cache_dir() / "iree"
 
 
-def dump_mlir(graph: Graph, path: str | os.PathLike) -> Path:
-    """Write the MLIR the iree target compiles for ``graph`` (atomically)."""
+def resolved_flags(options: IreeOptions) -> list[str]:
+    """The flags iree-compile gets: ``host`` resolved to this CPU's name and features."""
+    return options.compiler_flags(host_cpu() if options.tuned_for_host else None)
+
+
+def lower(graph: Graph, options: IreeOptions) -> str:
+    """The MLIR the target compiles: half types this host multiplies slowly widened in bulk."""
+    cpu = host_cpu() if options.tuned_for_host else None
+    return to_mlir(graph, widen=widened(options.device, options.opt, cpu))
+
+
+def dump_mlir(graph: Graph, path: str | os.PathLike, options: IreeOptions | None = None) -> Path:
+    """Write the MLIR the iree target compiles for ``graph`` (atomically); by default
+    for llvm-cpu with the default options, on this host."""
     path = Path(path)
-    write_bytes_atomic(path, to_mlir(graph).encode())
+    write_bytes_atomic(path, lower(graph, options or IreeOptions()).encode())
     return path
 
 
@@ -160,8 +173,9 @@ def _host_fingerprint(flags: list[str]) -> str:
 
 def cache_key(mlir: str, options: IreeOptions, compiler_version: str) -> str:
     """The vmfb's key: the MLIR text iree-compile sees (so any change to Kiln's lowering
-    misses), the device, every flag, the compiler's version and what ``=host`` means."""
-    flags = options.compiler_flags()
+    misses), the device, every flag (the host CPU's name and features among them), the
+    compiler's version and, where a flag still says ``=host``, what that means here."""
+    flags = resolved_flags(options)
     parts = {
         "mlir_sha256": hashlib.sha256(mlir.encode()).hexdigest(),
         "device": options.device,
@@ -207,7 +221,7 @@ def compile_graph(
     """(vmfb bytes, seconds): one iree-compile run; failures become a TargetError."""
     compiler, _ = _iree()
     backend = DEVICES[options.device][0]
-    text = to_mlir(graph) if mlir is None else mlir
+    text = lower(graph, options) if mlir is None else mlir
     start = _time.perf_counter()
     # iree-compile's warnings come back as bytes, written to sys.stderr.buffer when it
     # has one; doit's captured streams have none and refuse bytes: collect them as
@@ -216,7 +230,7 @@ def compile_graph(
     try:
         with contextlib.redirect_stderr(warnings):
             vmfb = compiler.compile_str(
-                text, target_backends=[backend], extra_args=options.compiler_flags()
+                text, target_backends=[backend], extra_args=resolved_flags(options)
             )
     except compiler.CompilerToolError as exc:
         raise TargetError(
@@ -323,7 +337,7 @@ class IreeRunner(Runner):
     def prepare(self, artifacts: KernelArtifacts) -> IreePrepared:
         compiler, runtime = _iree()
         graph, config = artifacts.graph, self.config
-        mlir = to_mlir(graph)
+        mlir = lower(graph, config)
         key = cache_key(mlir, config, _compiler_version(compiler))
         path = cache_dir() / f"{key}.vmfb"
         metrics: dict[str, Any] = {"device": config.device, "vmfb": str(path)}

@@ -36,8 +36,9 @@ FUSES_PRODUCERS = (*SCALAR, *REDUCTIONS)
 class MlirFunc:
     """The body of one func.func being written: SSA names, map aliases, node values."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, widen: tuple[str, ...] = ()):
         self.graph = graph
+        self.widen = frozenset(widen)  # half types whose contraction operands become f32
         self.lines: list[str] = []
         self.maps: dict[str, str] = {}
         self.values: dict[int, str] = {}
@@ -121,6 +122,19 @@ class MlirFunc:
             lambda b, ins, _: fn(b, ins[0]),
         )
 
+    def widened(self, value: str, shape, elem: str) -> str:
+        """A contraction operand converted to f32 as one elementwise op, kept apart
+        (IREE folds a lone ``extf`` back into the contraction, whose half-type
+        microkernel then converts in its inner loop: f16 gemm 1024^3 took 2x f32)."""
+        wide = self.map_values(
+            value, shape, elem, "f32", lambda b, v: b.op(f"arith.extf {v} : {elem} to f32")
+        )
+        return self.barrier(wide, ttype(shape, "f32"))
+
+    def barrier(self, value: str, tensor_type: str) -> str:
+        """``value`` as it is: IREE fuses nothing across it."""
+        return self.emit(f"util.optimization_barrier {value} : {tensor_type}")
+
     def round_to(self, src: str, shape, dtype: str) -> str:
         """f32 accumulator -> f16/bf16 result (a no-op for other dtypes)."""
         if dtype not in HALVES:
@@ -178,6 +192,9 @@ def matmul(f: MlirFunc, node: Node) -> str:
     acc, elem, rank = ("f32" if node.dtype in FLOATS else "i32"), ELEM[node.dtype], node.type.rank
     values = [f.tensor(a.id), f.tensor(b.id)]
     shapes = [list(a.shape), list(b.shape)]
+    if node.dtype in f.widen:
+        values = [f.widened(v, s, elem) for v, s in zip(values, shapes, strict=True)]
+        elem = "f32"
     groups = "[[" + ", ".join(map(str, range(rank - 2))) + f"], [{rank - 2}], [{rank - 1}]]"
     if rank > 3:  # fold the batch dims into one
         for k in range(2):
@@ -235,7 +252,7 @@ def broadcast(f: MlirFunc, node: Node) -> str:
     )
     # iree-compile 3.13 with data tiling at O3 crashes (PackOp::getResultShape) when a
     # broadcast fuses into a matmul operand's encoding; the barrier keeps it a tensor.
-    return f.emit(f"util.optimization_barrier {value} : {out}")
+    return f.barrier(value, out)
 
 
 def conv2d(f: MlirFunc, node: Node) -> str:
@@ -285,6 +302,11 @@ def _im2col_matmul(f: MlirFunc, node: Node, value: str, tx: str, w: Node, elem: 
     lhs_t, rhs_t = ttype((rows, depth), elem), ttype((depth, nf), elem)
     lhs = f.collapse(cols, groups, cols_type, lhs_t)
     rhs = f.collapse(f.tensor(w.id), groups, ttype(w.shape, elem), rhs_t)
+    if node.dtype in f.widen:  # the patch matrix is gathered narrow, then widened once
+        lhs, rhs = f.widened(lhs, (rows, depth), elem), f.widened(rhs, (depth, nf), elem)
+        lhs_t, rhs_t = ttype((rows, depth), "f32"), ttype((depth, nf), "f32")
+    else:  # gathered on its own: fused into the matmul's packing it ran 2.3x slower (f32)
+        lhs = f.barrier(lhs, lhs_t)
     init = f.fill(literal(0, acc), acc, (rows, nf))
     tout = ttype((rows, nf), acc)
     flat = f.emit(

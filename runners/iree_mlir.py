@@ -4,7 +4,9 @@ Named linalg ops where they exist (matmul, batch_matmul, transpose, broadcast,
 fill, conv_2d_nhwc_hwcf); one ``linalg.generic`` per chain of elementwise
 nodes (a node with a single elementwise consumer is computed inside that
 consumer's body) and one per reduction. f16/bf16 values are extended to f32
-for every op and truncated back after it, which is the oracle's rounding.
+for every op and truncated back after it, which is the oracle's rounding;
+matmuls and convolutions accumulate in f32, from half-type operands or, where
+the target multiplies a half type slowly, from operands widened in bulk.
 The text is deterministic: same graph, same bytes. The function being
 written and the named-op emitters live in runners/iree_linalg.py; the fused
 elementwise and reduction generics, and the walk over the graph, here.
@@ -295,9 +297,13 @@ TENSOR: dict[str, Callable[[MlirFunc, Node], str | None]] = {
 LAZY = ("arg", "const", "broadcast")  # values made on first use (or never, when folded)
 
 
-def to_mlir(graph: Graph) -> str:
-    """The graph as one ``func.func`` in MLIR text (see the module docstring)."""
-    f = MlirFunc(graph)
+def to_mlir(graph: Graph, widen: tuple[str, ...] = ()) -> str:
+    """The graph as one ``func.func`` in MLIR text (see the module docstring).
+
+    Matmul and conv2d operands of a dtype in ``widen`` (f16, bf16) are converted
+    to f32 in bulk before the contraction (runners/iree_flags.py chooses them).
+    """
+    f = MlirFunc(graph, widen)
     for arg in graph.args:
         f.values[arg.id] = f"%arg{arg.attr('index')}"
     for node in graph.nodes:

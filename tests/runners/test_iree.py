@@ -239,16 +239,37 @@ def test_casts_round_like_numpy(runner):
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_half_precision_chain_matches_oracle(runner, dtype):
+    """Elementwise and reductions in halves; matmul and conv2d accumulate in f32 (on the
+    CPU f16 operands are widened in bulk first, bf16 ones too where the CPU lacks BF16)."""
     b = GraphBuilder(f"chain_{dtype}")
     x, y = b.arg((16, 40), dtype), b.arg((40,), dtype)
+    img, w = b.arg((2, 6, 5, 8), dtype), b.arg((3, 3, 8, 4), dtype)
     z = b.tanh(b.ew("add", b.ew("mul", x, y), S(0.5)))
     outs = [
         b.exp(b.ew("sub", z, x)),
         b.sum(z, axes=(1,)),
         b.matmul(x, b.reshape(y, shape=(40, 1))),
         b.mean(b.mul(x, x), axes=(0,)),
+        b.conv2d(img, w, stride=(1, 1), padding=(1, 1), dilation=(1, 1)),
     ]
     check(runner, b.graph(*outs))
+
+
+def test_bf16_widened_in_bulk_matches_oracle(runner):
+    """A CPU without a BF16 dot product (opt: false targets a generic one) gets its bf16
+    matmul and conv operands converted to f32 before the contraction."""
+    from kiln.runners.iree import IreeRunner, lower
+
+    if runner.config.device != "llvm-cpu":
+        pytest.skip("the widening is an llvm-cpu choice")
+    generic = IreeRunner({**runner.options, "opt": False})
+    b = GraphBuilder("widened_bf16")
+    x, y = b.arg((8, 24), "bf16"), b.arg((24, 5), "bf16")
+    img, w = b.arg((1, 5, 4, 6), "bf16"), b.arg((3, 3, 6, 3), "bf16")
+    conv = b.conv2d(img, w, stride=(1, 1), padding=(1, 1), dilation=(1, 1))
+    graph = b.graph(b.matmul(x, y), conv)
+    assert "arith.extf %in0 : bf16 to f32" in lower(graph, generic.config)
+    check(generic, graph)
 
 
 def test_i32_arithmetic_is_exact(runner):
@@ -388,7 +409,7 @@ def test_a_change_to_the_lowering_misses_the_cache(runner, monkeypatch):
     first = runner.prepare(artifacts)
     assert runner.prepare(artifacts).metrics["cache"] == "hit"
     lowered = iree.to_mlir
-    monkeypatch.setattr(iree, "to_mlir", lambda g: "// lowering v2\n" + lowered(g))
+    monkeypatch.setattr(iree, "to_mlir", lambda g, **kw: "// lowering v2\n" + lowered(g, **kw))
     changed = runner.prepare(artifacts)
     assert changed.metrics["cache"] == "miss" and changed.vmfb != first.vmfb
     check(runner, graph)

@@ -192,3 +192,40 @@ def test_kept_dim_no_operand_reads_is_broadcast_after_the_reduction():
     text = to_mlir(_bcast_graph("r_spread", (1, 3, 1), (2, 3, 5), "sum", (1,)))
     assert 'iterator_types = ["reduction"]' in text  # one loop: the dim w varies along
     assert "linalg.broadcast" in text and "dimensions = [0, 1]" in text
+
+
+def _contractions_graph(dtype: str) -> Graph:
+    """A matmul and a padded 3x3 conv2d in ``dtype``."""
+    n: list[Node] = []
+    a = _node(n, "arg", (), (4, 6), dtype, name="a", index=0)
+    b = _node(n, "arg", (), (6, 5), dtype, name="b", index=1)
+    x = _node(n, "arg", (), (1, 4, 4, 3), dtype, name="x", index=2)
+    w = _node(n, "arg", (), (3, 3, 3, 2), dtype, name="w", index=3)
+    mm = _node(n, "matmul", (a, b), (4, 5), dtype)
+    conv = _node(
+        n, "conv2d", (x, w), (1, 4, 4, 2), dtype, stride=(1, 1), padding=(1, 1), dilation=(1, 1)
+    )
+    graph = Graph(f"contract_{dtype}", tuple(n), (mm, conv))
+    graph.verify()
+    return graph
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_widened_halves_reach_the_contractions_as_f32(dtype):
+    """Operands converted in bulk, each behind a barrier (else IREE folds the extf back)."""
+    text = to_mlir(_contractions_graph(dtype), widen=(dtype,))
+    matmuls = [line for line in text.splitlines() if "linalg.matmul" in line]
+    assert len(matmuls) == 2 and all(f"x{dtype}>" not in line for line in matmuls)
+    assert text.count(f"arith.extf %in0 : {dtype} to f32") == 4
+    assert text.count("util.optimization_barrier") == 4
+    assert text.count("arith.truncf") + text.count("arith.bitcast") >= 2  # rounded back
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_native_halves_feed_the_contractions_directly(dtype):
+    text = to_mlir(_contractions_graph(dtype), widen=())
+    matmuls = [line for line in text.splitlines() if "linalg.matmul" in line]
+    assert all(f"x{dtype}>, tensor<" in line and "xf32>)" in line for line in matmuls)
+    assert "arith.extf" not in text
+    # the conv's patch matrix is gathered on its own, apart from the matmul's packing
+    assert text.count("util.optimization_barrier") == 1
