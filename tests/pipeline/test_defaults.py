@@ -361,6 +361,28 @@ def test_config_yaml_loads_back_to_the_json_with_origins_as_comments(
     assert comment("- {name: trace") == "built-in"
 
 
+def test_config_shows_a_kernels_inputs_and_fuzz_ranges(
+    minimal: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    (minimal / "pipeline.yaml").write_text(
+        MINIMAL.replace("    shapes: {N: 256}\n", "")
+        + "    inputs: {x: {normal: {mean: 0, std: 2}}}\n"
+        + "    shapes:\n      small: {N: 256, inputs: {x: {constant: 1}}}\n"
+        + "    fuzz: {N: [1, 64]}\n"
+    )
+    record = config(minimal, monkeypatch, capsys, as_json=True)
+    assert record["pipeline"]["kernels"]["scale"] == {
+        "dtype": "f32",
+        "inputs": {"x": {"normal": {"mean": 0, "std": 2}}},
+        "shapes": {"small": {"N": 256, "inputs": {"x": {"constant": 1}}}},
+        "fuzz": {"N": [1, 64]},
+    }
+    text = config(minimal, monkeypatch, capsys, as_json=False)
+    assert "    inputs: {x: {normal: {mean: 0, std: 2}}}" in text.splitlines()
+    assert "    fuzz: {N: [1, 64]}" in text.splitlines()
+    assert yaml.safe_load(text) == record["pipeline"]
+
+
 def test_config_points_at_a_stage_list_the_project_writes(
     minimal: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:

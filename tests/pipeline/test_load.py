@@ -240,6 +240,15 @@ CASES = [
     Case("kernel_name_not_identifier", ("  row_sum:\n", "  row-sum:\n"),
          "invalid name 'row-sum'", "kernels.row-sum", "row-sum:", at="row-sum",
          hint="did you mean 'row_sum'?"),
+    # 10. fuzz ranges
+    Case("fuzz_range_low_above_high", (TRANSPOSE, TRANSPOSE + "    fuzz: {M: [9, 2]}\n"),
+         "fuzz range of dim 'M' of kernel 'transpose' is empty: low 9 is above high 2",
+         "kernels.transpose.fuzz.M", "fuzz: {M: [9, 2]}", at="[9, 2]", hint="write [2, 9]"),
+    Case("fuzz_range_of_three", (TRANSPOSE, TRANSPOSE + "    fuzz: {M: [1, 2, 3]}\n"),
+         "wrong number of items", "kernels.transpose.fuzz.M", "fuzz: {M: [1, 2, 3]}",
+         at="[1, 2, 3]", found="3 items"),
+    Case("fuzz_size_zero", (TRANSPOSE, TRANSPOSE + "    fuzz: {N: 0}\n"),
+         "value out of range", "kernels.transpose.fuzz.N", "fuzz: {N: 0}", at="0}"),
 ]
 # fmt: on
 

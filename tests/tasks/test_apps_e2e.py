@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kiln.outputs import load_outputs
 from tests.conftest import REPO, machines_yaml, ran_tasks, run_kiln
 
 APP_PIPELINE = """\
@@ -285,6 +286,11 @@ def test_outputs_of_any_numpy_dtype_are_described_and_saved(plain_project):
     assert "out ok: bool[]  min 1  max 1" in proc.stdout
     saved = outputs(plain_project / "out")
     assert saved["pred"].tolist() == [0, 1, 2] and saved["count"] == 42
+    # the one writer of saved outputs (kiln.outputs): each dtype recorded beside the files
+    loaded = load_outputs(plain_project / "out")
+    assert loaded.keys() == {"pred", "mean", "count", "ok"}
+    assert loaded["ok"].dtype == np.bool_ and loaded["mean"].tolist() == [1.0, 1.0]
+    assert "outputs.json" in proc.stdout
 
 
 def test_an_app_tested_on_a_target_asked_for_that_cannot_run_fails(plain_project):
