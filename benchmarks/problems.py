@@ -8,10 +8,16 @@ when installed (`pip install -e '.[bench]'`), else its column is empty.
 
 Targets: gemm within 1.5x of torch, conv within 2.5x (IREE's CPU
 convolutions trail oneDNN), fused layernorm/softmax faster than torch.
-Each is printed with met or MISSED (not judged without torch), then
-``targets: N met, M missed``; the exit status is 1 when a target is missed.
+Then low precision against f32 on iree-cpu (benchmarks/precision.py): bf16
+and f16 gemm 1024^3 and two NHWC convolutions, each at most 1.5x the f32
+time of the same problem, measured in the same run (``--runs`` interleaved
+runs, with CPU time and a numpy calibration beside them).
+Each is printed with met or MISSED (not judged without torch, nor under
+``--quick``), then ``targets: N met, M missed``; the exit status is 1 when a
+target is missed.
 
-    python benchmarks/problems.py [--quick] [--repeat N] [--warmup N]
+    python benchmarks/problems.py [--quick] [--repeat N] [--warmup N] [--runs N]
+                                  [--precision-only]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from precision import print_precision  # noqa: E402
 from verdicts import Targets  # noqa: E402
 
 RESNET50 = [  # (C, H, K, R, stride): conv2_x 3x3, conv3_x 3x3 s2 entry, conv4_x 1x1
@@ -90,14 +97,24 @@ def torch_seconds(name: str, args, repeat: int, warmup: int) -> float | None:
 
 
 def main() -> int:
-    from kiln.tasks.problems import bench_problem, parse
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes: a smoke test")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=3, help="interleaved runs per dtype (median)")
+    ap.add_argument("--precision-only", action="store_true", help="only bf16/f16 vs f32")
     opts = ap.parse_args()
-    targets = Targets()
+    targets = Targets(judged=not opts.quick)  # small sizes measure fixed costs
+    if not opts.precision_only:
+        print_problems(targets, opts)
+    print("\nlow precision vs f32, iree-cpu (median of runs; target <= 1.5x f32):")
+    print_precision(targets, opts.quick, opts.runs, opts.repeat, opts.warmup)
+    return targets.finish()
+
+
+def print_problems(targets: Targets, opts) -> None:
+    from kiln.tasks.problems import bench_problem, parse
+
     print(f"{'problem':44} {'iree ms':>9} {'numpy ms':>9} {'torch ms':>9}  target")
     for name, argv in problems(opts.quick):
         timing = ["--iter", str(opts.repeat), "--warmup", str(opts.warmup)]
@@ -116,7 +133,6 @@ def main() -> int:
             f"{iree['problem']:44} {iree['median_ms']:9.3f} {cpu['median_ms']:9.3f} "
             f"{torch_ms}  {verdict}"
         )
-    return targets.finish()
 
 
 if __name__ == "__main__":
