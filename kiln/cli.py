@@ -81,7 +81,9 @@ def _main(argv: list[str]) -> int:
     _check_leading_options(rest)
     command = rest[0]
     # own commands take -v/-q after the command too; doit's own -v/-q there are doit's
-    _one_verbosity(argv if command in OWN_COMMANDS else argv[: len(argv) - len(rest)])
+    # a benchmark driver's line has its own -v and -q (strides, paddings): not Kiln's
+    problem = command == "bench" and _problem_bench(rest)
+    _one_verbosity(argv if command in OWN_COMMANDS and not problem else argv[: -len(rest)])
     apply_global_flags(flags)
     verbosity()  # KILN_VERBOSITY from the environment, checked before anything runs
     if command == "help":
@@ -95,8 +97,14 @@ def _main(argv: list[str]) -> int:
     return 2 if rc == DOIT_USAGE_ERROR else rc
 
 
+def _problem_bench(argv: list[str]) -> bool:
+    """`kiln bench problem:...` or `kiln bench --commands FILE`: flags of their own."""
+    words = argv[1:]
+    return any(a.startswith("problem:") or a.split("=", 1)[0] == "--commands" for a in words)
+
+
 def _dispatch(argv: list[str]) -> int:
-    if argv[0] == "bench" and any(a.startswith("problem:") for a in argv[1:]):
+    if argv[0] == "bench" and _problem_bench(argv):
         from kiln.tasks.problems import run_problem_bench  # built-in problems: own flags
 
         return run_problem_bench(argv[1:])

@@ -31,17 +31,17 @@ class Problem:
     flops: float
 
 
-def _conv(a: argparse.Namespace) -> Problem:
+def conv_problem(a: argparse.Namespace) -> Problem:
+    """A convolution at the sizes of ``a`` (-N -C -D -H -W -K -T -R -S and the rest)."""
     import kiln
 
     dims = a.dims
     spatial = {1: (a.W,), 2: (a.H, a.W), 3: (a.D, a.H, a.W)}[dims]
     taps = {1: (a.S,), 2: (a.R, a.S), 3: (a.T, a.R, a.S)}[dims]
     last = a.layout.lower() in ("nhwc", "nwc", "ndhwc")
-    pad = a.pad if a.pad in ("same", "valid") else int(a.pad)
     kw = dict(
-        stride=a.stride, padding=pad, dilation=a.dilation, groups=a.groups,
-        layout="NHWC" if last else "NCHW",
+        stride=_spread(a.stride, dims), padding=_spread(a.pad, dims),
+        dilation=_spread(a.dilation, dims), groups=a.groups, layout="NHWC" if last else "NCHW",
     )  # fmt: skip
     from kiln.lang.conv import ConvGeometry  # the shape rules conv itself uses
 
@@ -51,11 +51,34 @@ def _conv(a: argparse.Namespace) -> Problem:
     y = (a.N, *geo.out, a.K) if last else (a.N, a.K, *geo.out)
     work = 2.0 * a.N * a.K * (a.C // a.groups) * math.prod(geo.out) * math.prod(taps)
     label = f"conv{dims}d-{a.mode} {a.layout} N{a.N} C{a.C} {'x'.join(map(str, spatial))} K{a.K}"
+    label += f" f{'x'.join(map(str, taps))}" + "".join(
+        f" {short}{','.join(map(str, v)) if isinstance(v, tuple) else v}"
+        for short, v, plain in (
+            ("s", kw["stride"], 1), ("p", kw["padding"], 0), ("d", kw["dilation"], 1),
+        )
+        if v != plain and set(v if isinstance(v, tuple) else (v,)) != {plain}
+    ) + (f" g{a.groups}" if a.groups > 1 else "")  # fmt: skip
     if a.mode == "fwd":
         return Problem(label, lambda p, q: kiln.conv(p, q, **kw), [x, w], a.dtype, work)
     if a.mode == "dgrad":
         return Problem(label, lambda p, q: kiln.conv_dgrad(p, q, x, **kw), [y, w], a.dtype, work)
     return Problem(label, lambda p, q: kiln.conv_wgrad(p, q, w, **kw), [x, y], a.dtype, work)
+
+
+def _spread(value, dims: int):
+    """One value per spatial dim (or 'same'/'valid'): a single value stands for every dim."""
+    if isinstance(value, str) or len(value) != 1:
+        return value
+    return value * dims
+
+
+def per_dim(text: str) -> tuple[int, ...] | str:
+    """argparse ``type=`` of --stride, --dilation and --pad: ``2``, ``2,1,1`` (one per
+    spatial dim, depth first) or, for --pad, ``same`` / ``valid``."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.lstrip("+-").isdigit() for p in parts):
+        return text  # 'same', 'valid' or unreadable: check_per_dim says which
+    return tuple(int(p) for p in parts)
 
 
 def _geo(kw: dict) -> dict:
@@ -113,9 +136,10 @@ def _flags(p: argparse.ArgumentParser, name: str) -> None:
             add(f"-{flag}", type=int, default=default)
         for flag in ("T", "R", "S"):
             add(f"-{flag}", type=int, default=3, help="filter depth/height/width")
-        add("--stride", type=int, default=1)
-        add("--dilation", type=int, default=1)
-        add("--pad", default="0", help="an int, 'same' or 'valid'")
+        each = "one value for every spatial dim, or one per dim (depth, height, width)"
+        add("--stride", type=per_dim, default=(1,), metavar="S[,S...]", help=each)
+        add("--dilation", type=per_dim, default=(1,), metavar="L[,L...]", help=each)
+        add("--pad", type=per_dim, default=(0,), metavar="P[,P...]", help=each + "; or same, valid")
         add("--groups", type=int, default=1)
         add("--mode", choices=("fwd", "dgrad", "wgrad"), default="fwd")
     elif name == "gemm":
@@ -131,7 +155,7 @@ def _flags(p: argparse.ArgumentParser, name: str) -> None:
 
 
 PROBLEMS: dict[str, Callable[[argparse.Namespace], Problem]] = {
-    "conv": _conv,
+    "conv": conv_problem,
     "gemm": _gemm,
     "layernorm": _layernorm,
     "softmax": _softmax,
@@ -176,26 +200,54 @@ def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
 
 
 SIZE_FLAGS = ("B", "S", "D", "M", "N", "K", "C", "H", "W", "T", "R", "stride", "dilation", "groups")
+PER_DIM = {"stride": 1, "dilation": 1, "pad": 0}  # flag -> its least value
 
 
 def _check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Every size flag of the problem is at least 1 (0 made an empty tensor or a division by 0)."""
     for dest in SIZE_FLAGS:
         value = getattr(args, dest, None)
-        if value is not None and value < 1:
+        if isinstance(value, int) and value < 1:
             flag = f"-{dest}" if len(dest) == 1 else f"--{dest}"
             raise KilnError(
                 f"{p.prog}: {flag} must be at least 1",
                 expected="a whole number >= 1",
                 found=str(value),
             )
-    pad = getattr(args, "pad", "0")
-    if pad not in ("same", "valid") and not pad.strip().lstrip("+").isdigit():
-        raise KilnError(
-            f"{p.prog}: --pad: cannot read {pad!r}",
-            expected="a whole number >= 0, 'same' or 'valid'",
-            found=pad,
-        )
+    check_per_dim(p.prog, args)
+
+
+def check_per_dim(prog: str, args: argparse.Namespace, flags: dict | None = None) -> None:
+    """--stride, --dilation, --pad: one value or one per spatial dim, each in range.
+
+    ``flags``: the name to say for each (a driver line's ``-u/-v``), default ``--stride`` ...
+    """
+    dims = getattr(args, "dims", None)
+    for dest, least in PER_DIM.items():
+        value = getattr(args, dest, None)
+        flag = (flags or {}).get(dest, f"--{dest}")
+        if value is None or dest == "pad" and value in ("same", "valid"):
+            continue
+        if isinstance(value, str):
+            raise KilnError(
+                f"{prog}: {flag}: cannot read {value!r}",
+                expected=f"a whole number >= {least}, or one per spatial dim (e.g. 2,1,1)"
+                + (", 'same' or 'valid'" if dest == "pad" else ""),
+                found=value,
+            )
+        shown = ",".join(map(str, value))
+        if len(value) not in (1, dims):
+            raise KilnError(
+                f"{prog}: {flag} has {len(value)} values for a {dims}-D convolution",
+                expected=f"one value, or {dims} (one per spatial dim: depth, height, width)",
+                found=shown,
+            )
+        if min(value) < least:
+            raise KilnError(
+                f"{prog}: {flag} must be at least {least}",
+                expected=f"whole numbers >= {least}",
+                found=shown,
+            )
 
 
 def _check_bytes(name: str, graph) -> None:
@@ -216,7 +268,7 @@ def _check_bytes(name: str, graph) -> None:
             )
 
 
-def _runner(target: str, device: int):
+def problem_runner(target: str, device: int):
     """A pipeline target when a project is here, else a built-in cpu / sim / iree-cpu."""
     from kiln.runners.base import load_runner_class
     from kiln.tasks.project import Project
@@ -249,6 +301,11 @@ def _runner(target: str, device: int):
 
 
 def bench_problem(name: str, args: argparse.Namespace) -> list[dict]:
+    return [time_problem(name, PROBLEMS[name](args), args)]
+
+
+def time_problem(name: str, problem: Problem, args: argparse.Namespace) -> dict:
+    """One row: ``problem`` traced, checked and timed on ``args.target`` (--iter, --warmup)."""
     from kiln.runners.base import KernelArtifacts
     from kiln.tasks.benching import time_runner
 
@@ -256,7 +313,6 @@ def bench_problem(name: str, args: argparse.Namespace) -> list[dict]:
     from kiln.ir.cost import io_bytes
     from kiln.lang import trace
 
-    problem = PROBLEMS[name](args)
     kernel = make_kernel(name, problem.body, problem.shapes)
     try:
         graph = trace(kernel, {}, problem.dtype)
@@ -270,12 +326,12 @@ def bench_problem(name: str, args: argparse.Namespace) -> list[dict]:
         ) from None
     _check_bytes(name, graph)
     inputs = random_inputs(name, [(a.shape, a.dtype) for a in graph.args])
-    runner = _runner(args.target, args.device)
+    runner = problem_runner(args.target, args.device)
     row: dict = {"problem": problem.label, "target": args.target, "dtype": problem.dtype}
     if runner.kind == "sim":
         metrics = runner.run(compile_for_sim(graph, runner.machine), inputs).metrics
         row.update(cycles=metrics.get("cycles"), sim_us=metrics.get("microseconds"))
-        return [row]
+        return row
     artifacts = KernelArtifacts(graph.name, graph, None, None, kernel)
     samples = time_runner(runner, runner.prepare(artifacts), inputs, args.iter, args.warmup)
     median = statistics.median(samples)
@@ -285,7 +341,7 @@ def bench_problem(name: str, args: argparse.Namespace) -> list[dict]:
         gflops=problem.flops / median / 1e9,
         gbps=io_bytes(graph) / median / 1e9,
     )
-    return [row]
+    return row
 
 
 def make_kernel(name: str, body: Callable, shapes: list[tuple[int, ...]]):
@@ -315,9 +371,38 @@ def compile_for_sim(graph, machine: dict):
 
 
 def run_problem_bench(argv: list[str]) -> int:
-    """Entry point of `kiln bench problem:NAME ...` (argv after 'bench')."""
+    """Entry point of `kiln bench problem:NAME ...` and `kiln bench --commands FILE`
+    (argv after 'bench'); a benchmark driver's line after ``problem:`` is mapped."""
     from kiln.tasks.benching import render
+    from kiln.tasks.driver_lines import is_driver_line, line_from_argv
 
+    if any(a == "--commands" or a.startswith("--commands=") for a in argv):
+        from kiln.tasks.bench_commands import run_command_file
+
+        return run_command_file(argv)
+    names = [a for a in argv if a.startswith(PREFIX)]
+    if len(names) == 1 and is_driver_line(names[0][len(PREFIX) :], argv[1:]):
+        rest = [a for a in argv if a != names[0]]
+        line = line_from_argv(names[0][len(PREFIX) :], rest)
+        check_run(line.options, f"kiln bench {PREFIX} {line.name}")
+        row = time_problem(line.name, line.problem, line.options)
+        print(render([row], line.options.output_format), end="")
+        return 0
     name, args = parse(argv)
     print(render(bench_problem(name, args), args.output_format), end="")
     return 0
+
+
+def check_run(options: argparse.Namespace, prog: str) -> None:
+    """One target, timing flags in range: before anything is traced or timed."""
+    from kiln.tasks.benching import check_timing_flags
+
+    targets = list(dict.fromkeys(options.targets))
+    if len(targets) > 1:
+        raise KilnError(
+            f"{prog} times one target at a time",
+            expected="one --target",
+            found=" ".join(f"--target {t}" for t in targets),
+            hint="run it once per target",
+        )
+    check_timing_flags(options.iter, options.warmup, options.device)

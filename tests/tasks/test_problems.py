@@ -110,3 +110,42 @@ def test_cli_problem_sizes_zero_or_too_large_exit_2_without_a_traceback(tmp_path
     assert warm.returncode == 2 and "error: --warmup must be at least 0" in warm.stderr
     for proc in (zero, huge, warm):
         assert "Traceback" not in proc.stderr
+
+
+def test_stride_pad_and_dilation_take_one_value_per_spatial_dim():
+    _, args = parse(["problem:conv", "--dims", "3", "--layout", "ndhwc", "-N", "1", "-C", "2",
+                     "-D", "8", "-H", "6", "-W", "6", "-K", "4", "--stride", "2,1,1",
+                     "--pad", "1,0,0", "--dilation", "1,2,1"])  # fmt: skip
+    assert (args.stride, args.pad, args.dilation) == ((2, 1, 1), (1, 0, 0), (1, 2, 1))
+    problem = PROBLEMS["conv"](args)
+    graph = trace(make_kernel("conv", problem.body, problem.shapes), {}, "f32")
+    # depth (8 + 2 - 3) // 2 + 1 = 4; height 6 - 2*2 = 2; width 6 - 2 = 4
+    assert graph.output_nodes[0].shape == (1, 4, 2, 4, 4)
+    assert problem.label == "conv3d-fwd ndhwc N1 C2 8x6x6 K4 f3x3x3 s2,1,1 p1,0,0 d1,2,1"
+    assert parse(["problem:conv", "--stride", "2"])[1].stride == (2,)  # every dim
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--stride", "2,1,1"], "--stride has 3 values for a 2-D convolution"),
+        (["--dilation", "1,0"], "--dilation must be at least 1"),
+        (["--pad", "1,-1"], "--pad must be at least 0"),
+        (["--stride", "same"], "--stride: cannot read 'same'"),
+    ],
+)
+def test_per_dim_values_that_do_not_fit_are_refused_naming_the_flag(argv, message):
+    with pytest.raises(KilnError, match=message):
+        parse(["problem:conv", *argv])
+
+
+def test_cli_3d_conv_with_depth_stride_2_and_height_width_stride_1(tmp_path):
+    proc = run_kiln(tmp_path, "bench", "problem:conv", "--dims", "3", "-C", "2", "-D", "5",
+                    "-H", "4", "-W", "4", "-K", "2", "--stride", "2,1,1", "--pad", "1",
+                    "--iter", "1", "--output-format", "csv")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (row,) = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert row["problem"] == "conv3d-fwd nhwc N1 C2 5x4x4 K2 f3x3x3 s2,1,1 p1,1,1"
+    # out 3x4x4, 2 filters of 2x27 taps, 2 flops per multiply-add
+    flops = 2.0 * 1 * 2 * 2 * (3 * 4 * 4) * 27
+    assert float(row["gflops"]) == pytest.approx(flops / float(row["median_ms"]) / 1e6)
