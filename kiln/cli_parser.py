@@ -304,7 +304,12 @@ def _add_check_commands(sub) -> None:
         epilog="examples:\n  kiln bench gemm --target sim\n"
         "  kiln bench gemm --target iree-cpu --target iree-cuda\n"
         "  kiln bench gemm --target iree-cpu --shape M=64,K=32,N=16\n"
-        "  kiln bench problem:gemm --target iree-cpu   (built-in problems: own flags)",
+        "  kiln bench problem:gemm --target iree-cpu   (built-in problems: own flags)\n"
+        "  kiln bench problem:conv --dims 3 -D 8 --stride 2,1,1   (one value per spatial dim)\n"
+        "  kiln bench problem: conv --bf16 -F 2 -n 16 -c 8 -H 8 -W 8 -k 8 -y 3 -x 3 -p 1 -q 1\n"
+        "      (a MIOpen/Fusilli driver line: -F 1|2|4 forward, backward data, backward\n"
+        "      weights; also matmul -M -N -K [--transA] [--bf16])\n"
+        "  kiln bench --commands convs.txt --output-format csv   (a file of driver lines)",
     )
     _filters(b)
     b.add_argument(
@@ -313,6 +318,12 @@ def _add_check_commands(sub) -> None:
         required=True,
         metavar="T",
         help="a target to time (repeatable: one table, one row per kernel and target)",
+    )
+    b.add_argument(
+        "--commands",
+        metavar="FILE",
+        help="time every benchmark driver line of FILE (MIOpen/Fusilli conv and matmul "
+        "lines; # comments and [SKIP] lines are passed over), one row each",
     )
     b.add_argument(
         "--shape",

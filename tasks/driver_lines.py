@@ -83,7 +83,7 @@ def _run_flags(p: argparse.ArgumentParser, defaults: argparse.Namespace | None) 
 
 
 def _conv_parser(prog: str, defaults) -> _Parser:
-    p = _Parser(prog=prog, add_help=False, allow_abbrev=False)
+    p = _Parser(prog=prog, allow_abbrev=False)
     add = p.add_argument
     size, zero = _least(1), _least(0)
     add("-F", "--forw", type=int, default=1, help="1 forward, 2 backward data, 4 backward weights")
@@ -117,7 +117,7 @@ def _conv_parser(prog: str, defaults) -> _Parser:
 
 
 def _matmul_parser(prog: str, defaults) -> _Parser:
-    p = _Parser(prog=prog, add_help=False, allow_abbrev=False)
+    p = _Parser(prog=prog, allow_abbrev=False)
     size = _least(1)
     for short, long in (("-M", "--m"), ("-N", "--n"), ("-K", "--k")):
         p.add_argument(short, long, dest=short[1].lower(), type=size, required=True)

@@ -152,3 +152,12 @@ def test_cli_a_line_that_cannot_be_mapped_is_one_message_naming_the_flag(tmp_pat
         assert proc.stderr.count("error:") == 1 and proc.stdout == ""
     assert "error: kiln bench problem: conv: -F cannot be mapped" in proc.stderr
     assert "expected: 1 (forward), 2 (backward data) or 4 (weights)\n  found: 3" in proc.stderr
+
+
+def test_bench_help_shows_driver_lines_and_the_commands_file(tmp_path):
+    proc = run_kiln(tmp_path, "bench", "--help")
+    assert proc.returncode == 0
+    assert "--commands FILE" in proc.stdout and "a MIOpen/Fusilli driver line" in proc.stdout
+    assert "--stride 2,1,1" in proc.stdout
+    line = run_kiln(tmp_path, "bench", "problem:", "matmul", "--help")
+    assert line.returncode == 0 and "--transA" in line.stdout and "-M M, --m M" in line.stdout
