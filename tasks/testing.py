@@ -247,6 +247,7 @@ def run_tests(project: Project, instances: list, args) -> int:
 
     quiet = verbosity() == 0  # -q: only failures (fail, error) and the summary
     causes = build_error_groups(unbuilt)  # one build error, printed once with what it hit
+    errors = ErrorsOnce()  # so is one error of many checks
     reports = []
     for inst in instances:
         if inst.name in unbuilt:
@@ -269,6 +270,7 @@ def run_tests(project: Project, instances: list, args) -> int:
         found += [skipped_report(inst, t, args.seed, why) for t, why in unavailable.items()]
         for report in found:
             said = report["status"] == "skipped" and report["target"] in unavailable
+            said = said or report["status"] == "error" and errors.seen(report)
             if not said and not (quiet and report["status"] in ("pass", "skipped")):
                 print(format_report(report), flush=True)
             reports.append(report)
@@ -276,6 +278,8 @@ def run_tests(project: Project, instances: list, args) -> int:
     counts = {
         s: sum(r["status"] == s for r in reports) for s in ("pass", "fail", "error", "skipped")
     }
+    for line in errors.summary(verbosity() >= 2):
+        print(line)
     print("kiln test: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     print_notes(reports, strict=getattr(args, "strict", False))
     report_file = project.out_dir / "test-report.json"
@@ -298,6 +302,30 @@ def run_tests(project: Project, instances: list, args) -> int:
         if all(r["status"] == "skipped" for r in mine)
     }
     return asked_for_and_unavailable(args.target or [], skipped)
+
+
+class ErrorsOnce:
+    """Check errors with one cause (a kernel the oracle cannot run, at every shape set):
+    the first is printed in full, the others counted and named once at the end."""
+
+    def __init__(self) -> None:
+        self.checks: dict[str, list[str]] = {}  # cause key -> the checks it hit, first first
+
+    def seen(self, report: dict) -> bool:
+        """Record an error report; True when one with its cause was printed already."""
+        from kiln.tasks.failure_groups import cause_key
+
+        key = cause_key(f"test:{report['kernel']}", report.get("message", ""))
+        hit = self.checks.setdefault(key, [])
+        hit.append(f"{report['kernel']} @ {report['target']}")
+        return len(hit) > 1
+
+    def summary(self, verbose: bool) -> list[str]:
+        return [
+            f"ERROR   the same error as {hit[0]} above: {affected(hit, verbose, 'checks')}"
+            for hit in self.checks.values()
+            if len(hit) > 1
+        ]
 
 
 def build_error_groups(unbuilt: dict[str, str]) -> dict[str, list[str]]:

@@ -249,3 +249,19 @@ def test_project_load_warnings_come_once_per_cause_not_per_kernel_or_shape_set(t
         assert err.count("warning: shape set") == 2, err
         assert "warning: shape sets 'b', 'c' of kernel 'scale_add' bind Z, which no argument" in err
         assert "warning: shape set 'b' of kernel 'twice' binds Z, which no argument" in err
+
+
+def test_one_check_error_of_every_shape_set_is_printed_once_by_kiln_test(tmp_path):
+    root = make_project(tmp_path, "roomy")
+    text = (root / "kernels" / "k.py").read_text()
+    picky = "    if not x.is_traced:\n        raise ValueError('only traced')\n    return x + x"
+    (root / "kernels" / "k.py").write_text(text.replace("    return x + x", picky))
+    proc = run_kiln(root, "test", "twice", "--target", "sim")
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stdout.count("raised ValueError when run on the host") == 1, proc.stdout
+    assert "ERROR   twice.a @ sim\n" in proc.stdout and "ERROR   twice.b" not in proc.stdout
+    assert (
+        "ERROR   the same error as twice.a @ sim above: 2 checks: twice.a @ sim, twice.b @ sim\n"
+        in proc.stdout
+    )
+    assert "kiln test: 0 pass, 0 fail, 2 error, 0 skipped" in proc.stdout
