@@ -5,10 +5,11 @@ pad 1, N16 48x32, C=K=64 and C=K=384 in 6 groups. Each dtype (f32, bf16, f16)
 is prepared first (compiled, or read from the vmfb cache), then timed in
 ``--runs`` interleaved runs: f32, bf16, f16, then the calibration, numpy f32
 gemm 1024^3 (OpenBLAS), a fixed workload that shows how busy the machine was
-during that run. A run times ``--repeat`` calls after ``--warmup`` and keeps
-their median; a figure is the median of its runs, with the process CPU time
-per call beside it (IREE's worker threads included). Target: bf16 and f16 at
-most 1.5x the f32 time, each ratio judged met or MISSED.
+during that run (and a pause after it: ``SETTLE_S``). A run times
+``--repeat`` calls after ``--warmup`` and keeps their median; a figure is
+the median of its runs, with the process CPU time per call beside it
+(IREE's worker threads included). Target: bf16 and f16 at most 1.5x the f32
+time, each ratio judged met or MISSED.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ import numpy as np
 TARGET = 1.5  # low precision time / f32 time, at most
 DTYPES = ("f32", "bf16", "f16")
 CALIBRATION_N = 1024
+# OpenBLAS's threads spin for about 0.1 s after a call before they sleep; an
+# IREE call in that window shares the two cores with them and took 2x as long
+# (gemm 1024^3: 32 ms right after numpy, 16 ms after a pause). Timings of
+# numpy are followed by this pause.
+SETTLE_S = 0.3
 
 
 def cases(quick: bool) -> list[tuple[str, list[str]]]:
@@ -40,7 +46,8 @@ class Timed:
     """One dtype of one problem: what to call, and the medians of its runs."""
 
     label: str
-    call: object  # () -> None: one timed loop of `repeat` calls, returns per-call seconds
+    call: object  # () -> list[float]: one timed loop of `repeat` calls, per-call seconds
+    settle_s: float = 0.0  # pause after each run (SETTLE_S after numpy)
     runs: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
 
@@ -48,6 +55,7 @@ class Timed:
         start = time.process_time()
         self.runs.append(statistics.median(self.call()))
         self.cpu.append((time.process_time() - start) / calls)
+        time.sleep(self.settle_s)
 
     @property
     def median(self) -> float:
@@ -89,7 +97,7 @@ def _calibration(repeat: int, warmup: int) -> Timed:
             samples.append(time.perf_counter() - start)
         return samples
 
-    return Timed(f"numpy f32 gemm {CALIBRATION_N}^3", loop)
+    return Timed(f"numpy f32 gemm {CALIBRATION_N}^3", loop, SETTLE_S)
 
 
 def print_precision(targets, quick: bool, runs: int, repeat: int, warmup: int) -> None:

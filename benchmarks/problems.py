@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from precision import print_precision  # noqa: E402
+from precision import SETTLE_S, print_precision  # noqa: E402
 from verdicts import Targets  # noqa: E402
 
 RESNET50 = [  # (C, H, K, R, stride): conv2_x 3x3, conv3_x 3x3 s2 entry, conv4_x 1x1
@@ -118,6 +118,7 @@ def print_problems(targets: Targets, opts) -> None:
     print(f"{'problem':44} {'iree ms':>9} {'numpy ms':>9} {'torch ms':>9}  target")
     for name, argv in problems(opts.quick):
         timing = ["--iter", str(opts.repeat), "--warmup", str(opts.warmup)]
+        time.sleep(SETTLE_S)  # numpy's and torch's threads spin on after the last problem
         _, args = parse([*argv, *timing, "--target", "iree-cpu"])
         (iree,) = bench_problem(name, args)
         (cpu,) = bench_problem(name, parse([*argv, *timing, "--target", "cpu"])[1])

@@ -5,7 +5,8 @@
    runner's own ``time`` (inputs handed to the device once, invoke only),
    numpy with the same loop around plain numpy code, in ``RUNS`` interleaved
    runs of ``--repeat`` calls after ``--warmup`` (a run keeps its median, a
-   figure is the median of its runs; CPU time per call beside it). Targets:
+   figure is the median of its runs; CPU time per call beside it; a pause
+   after numpy, whose OpenBLAS threads spin on after a call). Targets:
    iree-cpu at most 1.0x numpy (OpenBLAS) on gemm, under 0.25x on softmax
    and layernorm. Each IREE result is checked against numpy first.
 2. sim throughput (issue 29; benchmarks/sim_figures.py): LIR instructions
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from precision import Timed
+from precision import SETTLE_S, Timed
 from verdicts import Targets
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,7 +119,11 @@ def iree_vs_numpy(sizes, repeat: int, warmup: int) -> list[Row]:
             print(f"warning: iree-cpu {name} differs from numpy: {check.describe()}")
         timed = [
             Timed("iree", lambda p=prepared, i=inputs: time_runner(runner, p, i, repeat, warmup)),
-            Timed("numpy", lambda r=reference, i=inputs: seconds(lambda: r(*i), repeat, warmup)),
+            Timed(
+                "numpy",
+                lambda r=reference, i=inputs: seconds(lambda: r(*i), repeat, warmup),
+                SETTLE_S,  # OpenBLAS's spinning threads would slow the next iree run
+            ),
         ]
         for _ in range(RUNS):  # interleaved: a busy spell hits both alike
             for item in timed:
