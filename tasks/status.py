@@ -29,6 +29,7 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
     db_file = project.dep_file
     ensure_sound_db(db_file)
     dep = Dependency(SqliteDB, str(db_file), checker_cls=checker)
+    from kiln.tasks.failure_groups import cause_key
     from kiln.tasks.results import read_failures
 
     tasks = generate_tasks("compile", compile_tasks(project, instances))
@@ -39,6 +40,7 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
         if isinstance(entry, dict) and isinstance(entry.get("task"), str)
     }
     results = []
+    causes: dict[str, str] = {}  # one cause of many failures: its first task says it
     stages = [stage.name for stage in project.pipeline.stages]
     for task in tasks:
         if not task.actions:
@@ -46,7 +48,10 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
         status = dep.get_status(task, by_name, get_log=True)
         reasons = _reasons(dep, task, status, str(project.state_dir / "config"))
         if reasons and task.name in failed_tasks:
-            reasons = [_failed_reason(failed_tasks[task.name])]
+            diagnostic = failed_tasks[task.name]
+            first = causes.setdefault(cause_key(task.name, diagnostic), task.name)
+            same = f"failed at the last build: the same error as {first}"
+            reasons = [_failed_reason(diagnostic) if first == task.name else same]
         if reasons:
             reasons.append(
                 f"starts at stage {_start_stage(dep, task, status, stages)}"

@@ -134,6 +134,12 @@ def test_a_machine_whose_sram_holds_no_tile_is_one_error_with_its_instances(tmp_
     assert "ERROR   twice.a" not in tested.stdout
     assert "kiln test: 0 pass, 0 fail, 12 error, 0 skipped" in tested.stdout
 
+    status = run_kiln(root, "status")  # what the last build recorded, said once too
+    assert status.stdout.count("needs 64 bytes of SRAM") == 1, status.stdout
+    assert "compile:twice.b: would run\n    failed at the last build: the same error as " in (
+        status.stdout
+    )
+
     bench = run_kiln(root, "bench", "--target", "sim")
     assert bench.returncode == 1 and bench.stderr.count("needs 64 bytes of SRAM") == 1
     assert "kiln bench: not timed, as they did not build: 6 instances: scale_add.a, " in (
