@@ -148,16 +148,9 @@ def parse_line(words: list[str], defaults: argparse.Namespace | None = None) -> 
             expected="conv, convfp16, convbfp16 or matmul, then its flags",
             found=text or "(an empty line)",
         )
-    before = words[:command]
+    before = words[:command]  # the driver's own options (--iter 10), and Kiln's
     if before and not before[0].startswith("-"):  # the driver program itself
         before = before[1:]
-    stray = next((w for w in before if not w.startswith("-") and not w.isdigit()), None)
-    if stray is not None:
-        raise KilnError(
-            f"unknown benchmark driver command {stray!r}",
-            expected="conv, convfp16, convbfp16 or matmul (after the driver program, if any)",
-            found=text,
-        )
     name = words[command]
     argv = [*before, *words[command + 1 :]]
     prog = f"kiln bench problem: {name}"

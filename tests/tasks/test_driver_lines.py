@@ -85,6 +85,8 @@ def test_a_driver_program_and_its_main_options_lead_the_line():
     assert line.options.iter == 3
     fusilli = parse_line(shlex.split("fusilli_benchmark_driver --iter 4 matmul -M 2 -N 2 -K 2"))
     assert fusilli.options.iter == 4 and fusilli.problem.label == "matmul 2x2x2"
+    kilns = parse_line(["--target", "sim", "matmul", "-M", "2", "-N", "2", "-K", "2"])
+    assert kilns.options.target == "sim"  # `kiln bench --target sim problem: matmul ...`
 
 
 BASE = "conv -n 1 -c 4 -H 6 -W 6 -k 4 -y 3 -x 3"
