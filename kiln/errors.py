@@ -193,7 +193,7 @@ def environment_error(exc: OSError, doing: str | None = None) -> EnvironmentProb
     """One message for an OSError: what failed, on which path, and what to do."""
     import errno
 
-    from kiln.fsutil import temp_target
+    from kiln.tempnames import temp_target
 
     code = errno.errorcode.get(exc.errno or 0, "")
     reason = exc.strerror or type(exc).__name__

@@ -79,7 +79,7 @@ def _cannot_write(option: str, path: Path, exc: OSError, directory: bool) -> Kil
 
 
 def _concerns(exc: OSError, path: Path) -> bool:
-    from kiln.fsutil import temp_target
+    from kiln.tempnames import temp_target
 
     mine = os.path.abspath(path)
     for name in (exc.filename, exc.filename2):

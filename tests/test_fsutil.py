@@ -9,11 +9,10 @@ import pytest
 from kiln.fsutil import (
     remove_stale_tmp,
     stat_identity,
-    temp_path,
-    temp_target,
     write_bytes_atomic,
     write_with_identity,
 )
+from kiln.tempnames import temp_path, temp_target
 
 
 def test_a_write_makes_missing_directories(tmp_path):

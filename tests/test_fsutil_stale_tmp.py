@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from kiln.fsutil import remove_stale_tmp, writer_pid
+from kiln.fsutil import remove_stale_tmp
+from kiln.tempnames import writer_pid
 
 
 def dead_pid() -> int:

@@ -30,7 +30,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.fsutil import holds, stat_identity, temp_path, write_bytes_atomic
+from kiln.fsutil import holds, stat_identity, write_bytes_atomic
+from kiln.tempnames import temp_path
 
 # link(2) failures that mean "no hard links between these two places" (others, such as
 # EMLINK or a protected_hardlinks EPERM, are about one file: copy it, link the next)
