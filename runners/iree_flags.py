@@ -6,7 +6,7 @@ feature list explicitly, so the flags, and with them the vmfb cache key, say
 which CPU the code is for: two machines with the same CPU share a key, a
 machine without AVX-512 never loads a vmfb built for one.
 
-Measured on an AMD EPYC (znver4, 2 cores; benchmarks/problems.py):
+Measured on an AMD EPYC (znver4, 2 cores; docs/targets.md has the figures):
 data tiling with IREE's microkernels runs gemm 1024^3 f32 at OpenBLAS's
 speed, and ``--iree-opt-level=O3`` made layernorm ~30% faster. bf16 matmuls
 use the mmt4d microkernel's AVX-512 BF16 dot product (about twice the f32
@@ -87,9 +87,9 @@ def llvm_cpu_flags(cpu: HostCpu | None) -> list[str]:
 def widened(device: str, opt: bool, cpu: HostCpu | None) -> tuple[str, ...]:
     """Half types whose matmul and conv operands are converted to f32 in bulk first.
 
-    On llvm-cpu every half type the CPU cannot multiply natively (the f32
-    accumulation is the same either way, and so are the results); GPUs keep
-    their half types for their matrix units.
+    On llvm-cpu every half type the CPU cannot multiply natively: either way
+    each product is exact in f32 and summed in f32, so only the order of the
+    sums may differ. GPUs keep their half types for their matrix units.
     """
     if device != "llvm-cpu":
         return ()
