@@ -17,6 +17,8 @@ widened to f32 in bulk before a matmul or convolution (see ``widened``).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -67,11 +69,13 @@ def host_cpu() -> HostCpu | None:
     try:
         import iree.compiler as compiler  # noqa: PLC0415
 
-        text = compiler.compile_str(
-            _PROBE,
-            target_backends=["llvm-cpu"],
-            extra_args=["--iree-llvmcpu-target-cpu=host", "--compile-to=preprocessing"],
-        )
+        # a warning would come back as bytes, which doit's captured stderr refuses
+        with contextlib.redirect_stderr(io.StringIO()):
+            text = compiler.compile_str(
+                _PROBE,
+                target_backends=["llvm-cpu"],
+                extra_args=["--iree-llvmcpu-target-cpu=host", "--compile-to=preprocessing"],
+            )
     except Exception:  # noqa: BLE001  no compiler, or one that prints no target: =host
         return None
     found = _TARGET.search(text.decode() if isinstance(text, bytes) else str(text))
