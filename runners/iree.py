@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 from kiln.runners.base import KernelArtifacts, Runner, RunResult
-from kiln.runners.iree_flags import HostCpu, host_cpu, llvm_cpu_flags, widened
+from kiln.runners.iree_flags import LLVM_CPU_FLAGS, HostCpu, host_cpu, llvm_cpu_flags, widened
 from kiln.runners.iree_mlir import func_name, to_mlir
 
 from kiln.errors import TargetError
@@ -88,8 +88,13 @@ class IreeOptions:
         return IreeOptions(**values)
 
     @property
+    def names_cpu(self) -> bool:
+        """The user's flags choose the llvm-cpu target CPU (or its features) themselves."""
+        return any(f.startswith("--iree-llvmcpu-target-cpu") for f in self.flags)
+
+    @property
     def tuned_for_host(self) -> bool:
-        return self.device == "llvm-cpu" and self.opt
+        return self.device == "llvm-cpu" and self.opt and not self.names_cpu
 
     def compiler_flags(self, cpu: HostCpu | None = None) -> list[str]:
         """Every flag given to iree-compile, in order (part of the cache key).
@@ -101,9 +106,11 @@ class IreeOptions:
             base = [f"--iree-cuda-target={self.cuda_target}"]
         elif self.device == "rocm":
             base = [f"--iree-rocm-target={self.rocm_target}"]
+        elif self.opt and self.names_cpu:  # their CPU, not this host's
+            base = list(LLVM_CPU_FLAGS)
         elif self.opt:
             base = llvm_cpu_flags(cpu)
-        elif not any(f.startswith("--iree-llvmcpu-target-cpu") for f in self.flags):
+        elif not self.names_cpu:
             base = ["--iree-llvmcpu-target-cpu=generic"]  # portable, and no warning about it
         else:
             base = []

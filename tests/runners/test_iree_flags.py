@@ -50,3 +50,19 @@ def test_the_vmfb_key_holds_the_resolved_cpu():
     assert f"--iree-llvmcpu-target-cpu={cpu.name}" in flags
     assert not any(f.endswith("=host") for f in flags)
     assert resolved_flags(IreeOptions(opt=False))[0] == "--iree-llvmcpu-target-cpu=generic"
+
+
+def test_a_cpu_named_in_flags_replaces_the_host_and_widens_both_halves():
+    """Kiln knows nothing of that CPU's features: no host flags, every half type widened."""
+    from kiln.runners.iree import IreeOptions, lower, resolved_flags
+
+    from kiln.ir.graph import Graph, Node, TensorType, make_attrs
+
+    options = IreeOptions(flags=("--iree-llvmcpu-target-cpu=znver3",))
+    assert resolved_flags(options) == [*LLVM_CPU_FLAGS, "--iree-llvmcpu-target-cpu=znver3"]
+    bf16 = TensorType((4, 4), "bf16")
+    nodes = (
+        Node(0, "arg", (), bf16, make_attrs(name="a", index=0)),
+        Node(1, "matmul", (0, 0), bf16, make_attrs()),
+    )
+    assert "arith.extf %in0 : bf16 to f32" in lower(Graph("mm", nodes, (1,)), options)
