@@ -39,7 +39,6 @@ class MlirFunc:
     def __init__(self, graph: Graph, widen: tuple[str, ...] = ()):
         self.graph = graph
         self.widen = frozenset(widen)  # half types whose contraction operands become f32
-        self.last_conv: tuple[str, str] | None = None  # (value, type) of the conv2d before
         self.lines: list[str] = []
         self.maps: dict[str, str] = {}
         self.values: dict[int, str] = {}
@@ -263,8 +262,6 @@ def conv2d(f: MlirFunc, node: Node) -> str:
     elem, acc = ELEM[node.dtype], ("f32" if node.dtype in FLOATS else "i32")
     ph, pw = node.attr("padding")
     value, tx = f.tensor(x.id), ttype(x.shape, elem)
-    if f.last_conv is not None:
-        value = _after(f, value, tx, *f.last_conv)
     if ph or pw:
         zero = f.emit(f"arith.constant {literal(0, node.dtype)} : {elem}")
         n, h, wd, c = x.shape
@@ -278,19 +275,7 @@ def conv2d(f: MlirFunc, node: Node) -> str:
         ]
         value, tx = name, padded
     result = _im2col_matmul(f, node, value, tx, w, elem, acc)
-    result = f.round_to(result, node.shape, node.dtype)
-    f.last_conv = (result, ttype(node.shape, elem))
-    return result
-
-
-def _after(f: MlirFunc, value: str, tensor_type: str, before: str, before_type: str) -> str:
-    """``value``, available only once ``before`` is computed: convolutions run one at a
-    time. Run side by side (a grouped conv is one per group), their patch matrices were
-    all alive at once: 6 groups of C=K=64, N16 48x32, f32 took 1.4x as long."""
-    name, unused = f.fresh(), f.fresh()
-    types = f"{tensor_type}, {before_type}"
-    f.lines.append(f"{name}, {unused} = util.optimization_barrier {value}, {before} : {types}")
-    return name
+    return f.round_to(result, node.shape, node.dtype)
 
 
 def _im2col_matmul(f: MlirFunc, node: Node, value: str, tx: str, w: Node, elem: str, acc: str):
