@@ -22,6 +22,7 @@ from types import ModuleType
 from kiln.errors import ArtifactError, Location, TraceError, VerifyError
 from kiln.fsutil import write_bytes_atomic
 from kiln.ir.graph import Graph
+from kiln.ir.graph_verify import verify_graph
 from kiln.lang.device import DeviceFunction
 from kiln.lang.errors import def_location, frame_location, source_line
 from kiln.lang.tracer import trace_with_lines
@@ -116,7 +117,7 @@ def serialize(graph: Graph) -> bytes:
 def decode(data: bytes) -> Graph:
     """The graph held by ``graph.json``'s bytes, checked: ``read`` without the file."""
     graph = Graph.from_json(data)
-    graph.verify()
+    verify_graph(graph)
     return graph
 
 
@@ -141,7 +142,7 @@ def read(path: str | os.PathLike) -> Graph:
 def verify(graph: Graph, machine: dict | None) -> None:
     """``Graph.verify`` as a VerifyError that names this stage."""
     try:
-        graph.verify()
+        verify_graph(graph)
     except ValueError as exc:
         raise VerifyError(
             f"stage {NAME!r} produced an invalid graph: {exc}", notes=[f"graph {graph.name!r}"]

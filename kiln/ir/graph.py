@@ -174,35 +174,6 @@ class Graph:
     def from_json(raw: bytes | str) -> Graph:
         return Graph.from_dict(json.loads(raw))
 
-    def verify(self) -> None:
-        """Check structural invariants; raise ValueError naming node and rule."""
-        from kiln.ir.ops import OPS, infer
-
-        seen: set[int] = set()
-        for pos, n in enumerate(self.nodes):
-            if n.id != pos:
-                raise ValueError(f"node {n.id}: ids must equal positions (found at {pos})")
-            if n.op not in OPS:
-                raise ValueError(f"node {n.id}: unknown op {n.op!r}")
-            if n.type.dtype not in DTYPES:
-                raise ValueError(f"node {n.id} ({n.op}): unknown dtype {n.type.dtype!r}")
-            for i in n.inputs:
-                if i not in seen:
-                    raise ValueError(f"node {n.id} ({n.op}): input {i} is not defined before it")
-            expected = infer(
-                n.op, [self.nodes[i].type for i in n.inputs], dict(n.attrs), declared=n.type
-            )
-            if expected != n.type:
-                raise ValueError(
-                    f"node {n.id} ({n.op}): type {n.type} does not match inferred {expected}"
-                )
-            seen.add(n.id)
-        if not self.outputs:
-            raise ValueError("graph has no outputs")
-        for o in self.outputs:
-            if o not in seen:
-                raise ValueError(f"output {o} is not a node")
-
 
 def _thaw(value: AttrValue) -> AttrValue:
     if isinstance(value, tuple):

@@ -11,7 +11,6 @@ exactly and is meant to be read and hand-edited.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,14 +101,21 @@ class Imm:
     dtype: str
 
     def __eq__(self, other: object) -> bool:
-        from kiln.ir.visa_text import format_imm
-
         return isinstance(other, Imm) and format_imm(self) == format_imm(other)
 
     def __hash__(self) -> int:
-        from kiln.ir.visa_text import format_imm
-
         return hash(format_imm(self))
+
+
+def format_imm(imm: Imm) -> str:
+    """An immediate as the text form writes it (``#1.5:f32``): also what makes two equal."""
+    if imm.dtype == "bool":
+        text = "true" if imm.value else "false"
+    elif imm.dtype in FLOAT_DTYPES:
+        text = repr(float(imm.value))
+    else:
+        text = str(int(imm.value))
+    return f"#{text}:{imm.dtype}"
 
 
 Operand = Tile | View | Imm
@@ -183,12 +189,3 @@ class Program:
 
     def buffer_map(self) -> dict[str, Buffer]:
         return {b.name: b for b in self.buffers}
-
-    def to_text(self) -> str:
-        from kiln.ir.visa_text import print_program
-
-        return print_program(self)
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(self.to_text().encode()).hexdigest()

@@ -12,7 +12,6 @@ from typing import Any
 
 from kiln.ir.visa_records import (
     DTYPES,
-    FLOAT_DTYPES,
     OPS,
     ROLES,
     VISA_VERSION,
@@ -24,6 +23,7 @@ from kiln.ir.visa_records import (
     Program,
     Tile,
     View,
+    format_imm,
 )
 
 # -- printer -------------------------------------------------------------------
@@ -31,16 +31,6 @@ from kiln.ir.visa_records import (
 
 def _dims(shape: tuple[int, ...]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
-
-
-def format_imm(imm: Imm) -> str:
-    if imm.dtype == "bool":
-        text = "true" if imm.value else "false"
-    elif imm.dtype in FLOAT_DTYPES:
-        text = repr(float(imm.value))
-    else:
-        text = str(int(imm.value))
-    return f"#{text}:{imm.dtype}"
 
 
 def format_operand(operand: Operand) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from kiln.errors import TraceError, VerifyError
 from kiln.ir.graph import Graph, TensorType, make_attrs
+from kiln.ir.graph_verify import verify_graph
 from kiln.lang import dtypes as dt
 from kiln.lang.device import DeviceFunction, invoke, outputs
 from kiln.lang.errors import param_location, return_location
@@ -76,7 +77,7 @@ def trace_with_lines(
         bindings=tuple(sorted(sizes.items())),
     )
     try:
-        graph.verify()
+        verify_graph(graph)
     except ValueError as exc:  # a Kiln bug, not the user's: say so
         raise VerifyError(
             f"stage 'trace' built an invalid graph for {fn.__name__!r}: {exc}"

@@ -20,6 +20,7 @@ from kiln.runners.base import KernelArtifacts, load_runner_class
 
 from kiln.errors import TargetError
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
+from kiln.ir.graph_verify import verify_graph
 from kiln.ir.interp import NUMPY_DTYPES, run_graph
 from kiln.ir.ops import broadcast_shapes, infer
 
@@ -75,7 +76,7 @@ class GraphBuilder:
 
     def graph(self, *outputs: int) -> Graph:
         g = Graph(self.name, tuple(self.nodes), tuple(outputs))
-        g.verify()
+        verify_graph(g)
         return g
 
 

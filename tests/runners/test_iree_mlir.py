@@ -15,6 +15,7 @@ from kiln.runners.iree_mlir import func_name, literal, reassociation, to_mlir
 
 from kiln.errors import TargetError
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
+from kiln.ir.graph_verify import verify_graph
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -39,7 +40,7 @@ def scaled_softmax_graph() -> Graph:
     s = _node(n, "sum", (e,), (4, 1), axes=(1,), keepdims=True)
     out = _node(n, "div", (e, _node(n, "broadcast", (s,), (4, 8), shape=(4, 8))), (4, 8))
     graph = Graph("scaled_softmax.small", tuple(n), (out, s))
-    graph.verify()
+    verify_graph(graph)
     return graph
 
 
@@ -133,7 +134,7 @@ def slice_concat_prod_graph() -> Graph:
     cat = _node(n, "concat", (a, b), (3, 6), axis=1)
     out = _node(n, "prod", (cat,), (3,), axes=(1,), keepdims=False)
     graph = Graph("slice_concat_prod", tuple(n), (out, cat))
-    graph.verify()
+    verify_graph(graph)
     return graph
 
 
@@ -160,7 +161,7 @@ def _bcast_graph(name, src_shape, shape, reduce_op, axes, with_x=False, value=No
     out_shape = tuple(d for i, d in enumerate(shape) if i not in axes)
     out = _node(n, reduce_op, (y,), out_shape, axes=axes, keepdims=False)
     graph = Graph(name, tuple(n), (out,))
-    graph.verify()
+    verify_graph(graph)
     return graph
 
 
@@ -206,7 +207,7 @@ def _contractions_graph(dtype: str) -> Graph:
         n, "conv2d", (x, w), (1, 4, 4, 2), dtype, stride=(1, 1), padding=(1, 1), dilation=(1, 1)
     )
     graph = Graph(f"contract_{dtype}", tuple(n), (mm, conv))
-    graph.verify()
+    verify_graph(graph)
     return graph
 
 

@@ -22,6 +22,7 @@ from kiln.stages import visa as visa_stage
 
 from kiln.errors import ArtifactError, StageError, VerifyError
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
+from kiln.ir.graph_verify import verify_graph
 from kiln.ir.interp import NUMPY_DTYPES, run_graph
 from kiln.ir.lir import Access, Dep, Program
 from kiln.ir.lir_exec import run_program
@@ -61,7 +62,7 @@ class GraphBuilder:
 
     def graph(self, *outputs: int) -> Graph:
         graph = Graph(self.name, tuple(self.nodes), tuple(outputs))
-        graph.verify()
+        verify_graph(graph)
         return graph
 
 
