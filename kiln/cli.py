@@ -105,7 +105,7 @@ def _problem_bench(argv: list[str]) -> bool:
 
 def _dispatch(argv: list[str]) -> int:
     if argv[0] == "bench" and _problem_bench(argv):
-        from kiln.tasks.problems import run_problem_bench  # built-in problems: own flags
+        from kiln.tasks.bench_commands import run_problem_bench  # problems, driver lines: own flags
 
         return run_problem_bench(argv[1:])
     parser = build_parser()

@@ -19,13 +19,6 @@ from pathlib import Path
 from kiln.errors import KilnError, PipelineError
 
 
-def checked_project():
-    """``Project.find()``: the project model itself warns and points at a missing ``@device``."""
-    from kiln.tasks.project import Project
-
-    return Project.find()
-
-
 def unused_dims(pipeline, kernels: dict) -> list[KilnError]:
     """One warning per kernel and dim that shape sets bind but no argument of it uses.
 

@@ -1,4 +1,5 @@
-"""`kiln bench --commands FILE`: a file of benchmark driver lines, one row each.
+"""`kiln bench problem:...` and `kiln bench --commands FILE`: built-in problems and benchmark
+driver lines, one row each.
 
 The file is what MIOpen and Fusilli users keep: one driver line per
 configuration (tasks/driver_lines.py reads a line), ``#`` comments, blank
@@ -12,8 +13,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kiln.tasks.driver_lines import DriverLine, parse_line, split_line
-from kiln.tasks.problems import check_run, problem_runner, time_problem
+from kiln.tasks.driver_lines import (
+    DriverLine,
+    is_driver_line,
+    line_from_argv,
+    parse_line,
+    split_line,
+)
+from kiln.tasks.problems import (
+    PREFIX,
+    bench_problem,
+    check_run,
+    parse,
+    problem_runner,
+    time_problem,
+)
 
 from kiln.errors import KilnError, Location
 
@@ -106,3 +120,23 @@ def read_commands(path: str, defaults: argparse.Namespace) -> tuple[list[DriverL
             found=f"{skipped} [SKIP] line(s), the rest comments or blank",
         )
     return lines, skipped
+
+
+def run_problem_bench(argv: list[str]) -> int:
+    """Entry point of `kiln bench problem:NAME ...` and `kiln bench --commands FILE`
+    (argv after 'bench'); a benchmark driver's line after ``problem:`` is mapped."""
+    from kiln.tasks.benching import render
+
+    if any(a == "--commands" or a.startswith("--commands=") for a in argv):
+        return run_command_file(argv)
+    names = [a for a in argv if a.startswith(PREFIX)]
+    if len(names) == 1 and is_driver_line(names[0][len(PREFIX) :], argv[1:]):
+        rest = [a for a in argv if a != names[0]]
+        line = line_from_argv(names[0][len(PREFIX) :], rest)
+        check_run(line.options, f"kiln bench {PREFIX} {line.name}")
+        row = time_problem(line.name, line.problem, line.options)
+        print(render([row], line.options.output_format), end="")
+        return 0
+    name, args = parse(argv)
+    print(render(bench_problem(name, args), args.output_format), end="")
+    return 0

@@ -370,29 +370,6 @@ def compile_for_sim(graph, machine: dict):
     return decode(encode(lower(graph, steps, machine)))
 
 
-def run_problem_bench(argv: list[str]) -> int:
-    """Entry point of `kiln bench problem:NAME ...` and `kiln bench --commands FILE`
-    (argv after 'bench'); a benchmark driver's line after ``problem:`` is mapped."""
-    from kiln.tasks.benching import render
-    from kiln.tasks.driver_lines import is_driver_line, line_from_argv
-
-    if any(a == "--commands" or a.startswith("--commands=") for a in argv):
-        from kiln.tasks.bench_commands import run_command_file
-
-        return run_command_file(argv)
-    names = [a for a in argv if a.startswith(PREFIX)]
-    if len(names) == 1 and is_driver_line(names[0][len(PREFIX) :], argv[1:]):
-        rest = [a for a in argv if a != names[0]]
-        line = line_from_argv(names[0][len(PREFIX) :], rest)
-        check_run(line.options, f"kiln bench {PREFIX} {line.name}")
-        row = time_problem(line.name, line.problem, line.options)
-        print(render([row], line.options.output_format), end="")
-        return 0
-    name, args = parse(argv)
-    print(render(bench_problem(name, args), args.output_format), end="")
-    return 0
-
-
 def check_run(options: argparse.Namespace, prog: str) -> None:
     """One target, timing flags in range: before anything is traced or timed."""
     from kiln.tasks.benching import check_timing_flags

@@ -8,7 +8,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from kiln.errors import KilnError
-from kiln.kernel_checks import checked_project
 from kiln.outpaths import check_output, output_path, writing
 
 
@@ -49,7 +48,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from kiln.tasks.manifest import building_nothing
     from kiln.tasks.taskgraph import render, task_graph
 
-    project = checked_project()
+    project = _project()
     with building_nothing():
         instances = selection(project, args.filters, args.shapes, "graph")
         g = task_graph(project, instances, why=args.why)
@@ -71,7 +70,7 @@ def _view(args: argparse.Namespace) -> int:
         return _view_to_stdout(args)
     if args.output is not None:
         check_output("-o/--output", args.output)
-    project = checked_project()
+    project = _project()
     instances = selection(project, args.filters, args.shapes, "view")
     out = args.output or Path(project.out_dir) / "report.html"
     diff = None
@@ -148,7 +147,7 @@ def _view_to_stdout(args: argparse.Namespace) -> int:
             expected="-o FILE with --open or --compare",
             found="-o - " + ("--open" if args.open else "--compare"),
         )
-    project = checked_project()
+    project = _project()
     instances = selection(project, args.filters, args.shapes, "view")
     page = render_report(project, instances, Path(project.out_dir) / "report.html")
     sys.stdout.flush()
@@ -187,3 +186,9 @@ def write_profile(project, path: Path) -> None:
     trace = chrome_trace(read_profile(project.state_dir))
     write_bytes_atomic(path, json.dumps(trace, indent=1, sort_keys=True).encode())
     print(f"kiln: wrote the build profile to {path} (open it in Perfetto)")
+
+
+def _project():
+    from kiln.tasks.project import Project  # only once a command runs: `kiln --help` stays light
+
+    return Project.find()
