@@ -14,11 +14,10 @@ from __future__ import annotations
 import os
 import sys
 
-from kiln.tasks import chain_action
-
 from kiln.cache.session import FETCHED
 from kiln.cli import main
 from kiln.fsutil import write_bytes_atomic
+from kiln.tasks.dag import chain_action
 
 
 def copy_files(spec, out):

@@ -52,11 +52,11 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from kiln.stages import edf, lir, schedule, trace, visa  # noqa: E402
 from verdicts import Targets  # noqa: E402
 
 from kiln.options import build_options  # noqa: E402
 from kiln.pipeline import load_pipeline  # noqa: E402
+from kiln.stages import edf, lir, schedule, trace, visa  # noqa: E402
 
 STAGES = (trace, visa, lir, schedule, edf)
 SIZES = (256, 512, 1024, 2048, 4096)

@@ -66,13 +66,12 @@ class Timed:
 
 
 def _prepared(argv: list[str], dtype: str, repeat: int, warmup: int) -> Timed:
-    from kiln.runners.base import KernelArtifacts
-    from kiln.runners.iree import IreeRunner
-    from kiln.tasks.benching import time_runner
-    from kiln.tasks.problems import PROBLEMS, make_kernel, parse
-
     from kiln.inputs import random_inputs
     from kiln.lang import trace
+    from kiln.runners.base import KernelArtifacts
+    from kiln.runners.iree import IreeRunner
+    from kiln.tasks.commands.benching import time_runner
+    from kiln.tasks.commands.problems import PROBLEMS, make_kernel, parse
 
     name, args = parse([*argv, "--dtype", dtype, "--target", "iree-cpu"])
     problem = PROBLEMS[name](args)

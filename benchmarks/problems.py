@@ -2,7 +2,7 @@
 
 Problems (f32): gemm 1024^3; three ResNet-50 conv2d layers, NHWC, batch 1,
 each fwd/dgrad/wgrad; layernorm and softmax 4096x4096. Each problem is the
-`kiln bench problem:NAME` kernel (kiln.tasks.problems), timed with the
+`kiln bench problem:NAME` kernel (kiln.tasks.commands.problems), timed with the
 runner's own timer (median of --repeat after --warmup). PyTorch is used
 when installed (`pip install -e '.[bench]'`), else its column is empty.
 
@@ -113,7 +113,7 @@ def main() -> int:
 
 
 def print_problems(targets: Targets, opts) -> None:
-    from kiln.tasks.problems import bench_problem, parse
+    from kiln.tasks.commands.problems import bench_problem, parse
 
     print(f"{'problem':44} {'iree ms':>9} {'numpy ms':>9} {'torch ms':>9}  target")
     for name, argv in problems(opts.quick):

@@ -83,7 +83,7 @@ def kiln(
 ) -> tuple[float, str]:
     """(wall seconds, stdout) of one `kiln` run in ``cwd``; exits on failure.
 
-    ``launcher``: a script run instead of ``python -m kiln.cli`` (bare_writes.py).
+    ``launcher``: a script run instead of ``python -m kiln`` (bare_writes.py).
     """
     full = dict(os.environ, KILN_CACHE_DIR=str(cwd / ".cache"))
     full.pop("KILN_REMOTE_CACHE", None)
@@ -92,7 +92,7 @@ def kiln(
     full["PYTHONPYCACHEPREFIX"] = str(cwd.parent / "pyc")
     full.update(env or {})
     start = time.perf_counter()
-    command = [sys.executable, str(launcher)] if launcher else [sys.executable, "-m", "kiln.cli"]
+    command = [sys.executable, str(launcher)] if launcher else [sys.executable, "-m", "kiln"]
     proc = subprocess.run([*command, *args], cwd=cwd, env=full, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:

@@ -41,8 +41,6 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from kiln.stages import lir, schedule, trace, visa  # noqa: E402
-from kiln.tasks.discovery import Discovery, KernelSource  # noqa: E402
 from verdicts import Targets, abort  # noqa: E402
 
 from kiln.errors import KilnError  # noqa: E402
@@ -50,7 +48,9 @@ from kiln.ir.lir import Program, ScheduledProgram  # noqa: E402
 from kiln.ir.schedule_check import dependency_index  # noqa: E402
 from kiln.options import build_options  # noqa: E402
 from kiln.pipeline import KernelSpec, Pipeline, load_pipeline  # noqa: E402
+from kiln.stages import lir, schedule, trace, visa  # noqa: E402
 from kiln.summary import summarize  # noqa: E402
+from kiln.tasks.model.discovery import Discovery, KernelSource  # noqa: E402
 
 try:
     from ortools.sat.python import cp_model

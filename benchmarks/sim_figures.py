@@ -45,11 +45,10 @@ def _ms(samples: list[float]) -> str:
 
 def sim_figures(artifacts, inputs, machine: dict, rounds: int, label: str, compile_s: float):
     """Print the figures of one compiled kernel; return them as (what, value, target, met)."""
-    from kiln.runners.sim import SimBinary, SimRunner
-    from kiln.runners.sim_plan import clear_cache
-
     from kiln.inspect_edf import load_edf
     from kiln.ir.edf import gc_paused
+    from kiln.runners.sim import SimBinary, SimRunner
+    from kiln.runners.sim_plan import clear_cache
 
     runner = SimRunner(machine=machine)
 

@@ -85,14 +85,13 @@ def seconds(fn, repeat: int, warmup: int) -> list[float]:
 
 
 def iree_vs_numpy(sizes, repeat: int, warmup: int) -> list[Row]:
-    from kiln.runners.base import KernelArtifacts
-    from kiln.runners.iree import IreeRunner
-    from kiln.tasks.benching import time_runner
-
     from kernels import linalg, normalization
     from kiln.compare import compare
     from kiln.inputs import random_inputs
     from kiln.lang import trace
+    from kiln.runners.base import KernelArtifacts
+    from kiln.runners.iree import IreeRunner
+    from kiln.tasks.commands.benching import time_runner
 
     n, rows, cols = sizes[:3]
     cases = [
@@ -151,8 +150,6 @@ def iree_vs_numpy(sizes, repeat: int, warmup: int) -> list[Row]:
 
 def sim_throughput(sizes, repeat: int) -> list[Row]:
     import yaml
-    from kiln.runners.base import KernelArtifacts
-    from kiln.stages import edf, lir, schedule, visa
     from sim_figures import sim_figures
 
     from kernels import normalization
@@ -160,6 +157,8 @@ def sim_throughput(sizes, repeat: int) -> list[Row]:
     from kiln.inputs import random_inputs
     from kiln.ir.edf import encode
     from kiln.lang import trace
+    from kiln.runners.base import KernelArtifacts
+    from kiln.stages import edf, lir, schedule, visa
 
     rows, cols = sizes[3:]
     machines = yaml.safe_load((REPO / "pipeline.yaml").read_text())["machines"]

@@ -70,7 +70,7 @@ TARGET_GEOMEAN = 1.2
 def kiln(project: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"))
     return subprocess.run(
-        [sys.executable, "-m", "kiln.cli", *args],
+        [sys.executable, "-m", "kiln", *args],
         cwd=project,
         env=env,
         capture_output=True,

@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from kiln.stages.schedule import Options, run
 from verdicts import Targets, abort
 
 from kiln.ir.schedule_check import random_program
@@ -34,6 +33,7 @@ from kiln.report.chromium import LAUNCH_ARGS, find_chromium
 from kiln.report.html import render_page
 from kiln.report.layout import lir_graph
 from kiln.report.schedule_data import schedule_payload
+from kiln.stages.schedule import Options, run
 from kiln.summary import summarize
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ def example_report_bytes(tmp: Path) -> int:
     for name in ("kernels", "apps"):
         shutil.copytree(REPO / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pipeline.yaml", tmp / "pipeline.yaml")
-    kiln = [sys.executable, "-m", "kiln.cli"]
+    kiln = [sys.executable, "-m", "kiln"]
     subprocess.run([*kiln, "compile"], cwd=tmp, check=True, capture_output=True)
     subprocess.run([*kiln, "view", "-o", "report.html"], cwd=tmp, check=True, capture_output=True)
     return (tmp / "report.html").stat().st_size

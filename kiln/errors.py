@@ -80,7 +80,7 @@ class KilnError(Exception):
     kind: str = "error"
     notes: list[str] = field(default_factory=list)
     # what failures of many instances share (a machine too small for any tile): they are
-    # printed once, with the instances they hit (tasks/failure_groups.py)
+    # printed once, with the instances they hit (tasks/chain/failure_groups.py)
     cause: str | None = None
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ Two things the project model would otherwise accept in silence or say vaguely:
   ``@device`` is "not a @device function in any package": the error names
   the function's file and line and says to add ``@device``.
 
-The project model (tasks/project.py) calls both while it loads, so every
+The project model (tasks/model/project.py) calls both while it loads, so every
 entry point, plain ``doit`` included, gets them.
 """
 

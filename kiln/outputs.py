@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from kiln.errors import KilnError
+
 MANIFEST = "outputs.json"
 FORMAT = 1
 
@@ -77,7 +79,6 @@ def load_outputs(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """
     import numpy as np
 
-    from kiln.errors import KilnError
     from kiln.ir.interp import NUMPY_DTYPES
 
     directory = Path(directory)
@@ -113,3 +114,46 @@ def _natural(path: Path) -> tuple:
     import re
 
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.stem))
+
+
+def flatten_outputs(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Named leaves of what main returned: dict keys and sequence indices, joined by '.'."""
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    elif value is None:
+        return []
+    else:
+        return [(prefix or "out", value)]
+    out = []
+    for key, item in items:
+        out.extend(flatten_outputs(item, f"{prefix}.{key}" if prefix else key))
+    return out
+
+
+def describe_output(name: str, value: Any) -> str:
+    """One summary line of an output: its dtype (Kiln's name, else numpy's), shape and stats."""
+    import numpy as np
+
+    from kiln.ir.interp import kiln_dtype
+
+    label = "  out" if name == "out" else f"  out {name}"
+    array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic, int, float)) else None
+    if array is None or array.dtype.kind not in "biuf":
+        return f"{label}: {value!r}"[:200]
+    try:
+        dtype = kiln_dtype(array.dtype)
+    except KeyError:  # int64, float64, bool... from the app's own numpy: numpy's name
+        dtype = str(array.dtype)
+    wide = array.astype(np.float64)
+    finite = wide[np.isfinite(wide)]
+    shape = list(array.shape)
+    if not finite.size:
+        return f"{label}: {dtype}{shape}  (no finite values)"
+    nonfinite = wide.size - finite.size
+    return (
+        f"{label}: {dtype}{shape}  min {finite.min():.6g}  max {finite.max():.6g}"
+        f"  mean {finite.mean():.6g}  std {finite.std():.6g}"
+        + (f"  non-finite {nonfinite}" if nonfinite else "")
+    )

@@ -23,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kiln.runners.base import KernelArtifacts, Runner, RunResult
-from kiln.runners.iree_flags import LLVM_CPU_FLAGS, HostCpu, host_cpu, llvm_cpu_flags, widened
-from kiln.runners.iree_mlir import func_name, to_mlir
 
 from kiln.errors import TargetError
 from kiln.fsutil import write_bytes_atomic
 from kiln.ir.graph import Graph
 from kiln.ir.interp import NUMPY_DTYPES
+from kiln.runners.base import KernelArtifacts, Runner, RunResult
+from kiln.runners.iree_flags import LLVM_CPU_FLAGS, HostCpu, host_cpu, llvm_cpu_flags, widened
+from kiln.runners.iree_mlir import func_name, to_mlir
 
 MISSING_EXTRA = "the iree target needs the optional 'iree' extra: pip install 'kiln-kernels[iree]'"
 # device option -> (compiler target backend, runtime driver)

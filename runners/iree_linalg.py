@@ -10,6 +10,9 @@ walks the graph.
 from __future__ import annotations
 
 import numpy as np
+
+from kiln.errors import TargetError
+from kiln.ir.graph import Graph, Node
 from kiln.runners.iree_scalar import (
     ELEM,
     FLOATS,
@@ -24,9 +27,6 @@ from kiln.runners.iree_scalar import (
     ttype,
     varying_dims,
 )
-
-from kiln.errors import TargetError
-from kiln.ir.graph import Graph, Node
 
 REDUCTIONS = ("sum", "max", "min", "mean", "prod")
 # Ops whose generic computes a single-use elementwise producer in its own body.

@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
+from kiln.ir.graph import Graph, Node
+from kiln.ir.ops import OPS
 from kiln.runners.iree_linalg import (
     REDUCTIONS,
     MlirFunc,
@@ -43,9 +46,6 @@ from kiln.runners.iree_scalar import (  # noqa: F401  (literal, reassociation: t
     reassociation,
     ttype,
 )
-
-from kiln.ir.graph import Graph, Node
-from kiln.ir.ops import OPS
 
 # ---------------------------------------------------------------------------
 # Tensor level: one emitter per op (STYLE 5), each returning the node's value.

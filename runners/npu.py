@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from kiln.runners.base import KernelArtifacts, Runner
-
 from kiln.errors import TargetError
+from kiln.runners.base import KernelArtifacts, Runner
 
 
 def _plugin():

@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from kiln.runners.base import KernelArtifacts, Runner, RunResult
-from kiln.runners.sim_bind import bind_plan
-from kiln.runners.sim_exec import Step, bind, run_steps
-from kiln.runners.sim_plan import Plan, checked_plan, plan_of_program
 
 from kiln.errors import ArtifactError, Location, TargetError
 from kiln.ir.edf import EdfFile, EdfFormatError, decode, gc_paused
 from kiln.ir.lir import Instr, Program, ScheduledProgram, Slot
 from kiln.ir.lir_exec import LirExecError, load_inputs, read_outputs
+from kiln.runners.base import KernelArtifacts, Runner, RunResult
+from kiln.runners.sim_bind import bind_plan
+from kiln.runners.sim_exec import Step, bind, run_steps
+from kiln.runners.sim_plan import Plan, checked_plan, plan_of_program
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ from operator import getitem, itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
-from kiln.runners.sim_exec import Fast, Step, byte_strides, extent
 from numpy.lib.stride_tricks import as_strided
 
 from kiln.ir.interp import NUMPY_DTYPES
 from kiln.ir.lir import Instr
 from kiln.ir.lir_exec import OPCODES, apply
+from kiln.runners.sim_exec import Fast, Step, byte_strides, extent
 
 if TYPE_CHECKING:
     from kiln.runners.sim_templates import Operand, Template

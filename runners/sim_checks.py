@@ -14,13 +14,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from kiln.runners.sim_decode import Columns
-from kiln.runners.sim_exec import extent
-from kiln.runners.sim_templates import SPACE_CODES
 
 from kiln.ir.interp import NUMPY_DTYPES
 from kiln.ir.lir_exec import OPCODES
 from kiln.ir.schedule_check import unit_instances
+from kiln.runners.sim_decode import Columns
+from kiln.runners.sim_exec import extent
+from kiln.runners.sim_templates import SPACE_CODES
 
 _DIGITS = "0123456789"
 

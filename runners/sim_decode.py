@@ -26,9 +26,6 @@ from itertools import chain, count
 
 import msgpack
 import numpy as np
-from kiln.runners.sim_exec import Fast
-from kiln.runners.sim_msgpack import read_instructions
-from kiln.runners.sim_templates import SPACE_CODES, NotColumnar, Template, Templates, need, only
 
 from kiln.ir.edf import (
     ALIGN,
@@ -43,6 +40,9 @@ from kiln.ir.edf import (
     decode_signature,
 )
 from kiln.ir.lir import Instr, Program, ScheduledProgram, instr_to_obj
+from kiln.runners.sim_exec import Fast
+from kiln.runners.sim_msgpack import read_instructions
+from kiln.runners.sim_templates import SPACE_CODES, NotColumnar, Template, Templates, need, only
 
 SLOT_DTYPE = np.dtype([("instr", "<u4"), ("unit", "<u4"), ("start", "<i8"), ("end", "<i8")])
 assert SLOT_DTYPE.itemsize == SLOT.size

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
+
 from kiln.runners.sim_templates import SPACE_CODES, need, row_keys
 
 # token classes

@@ -17,13 +17,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+
+from kiln.ir.edf import EdfFormatError, gc_paused, read_layout
+from kiln.ir.lir import Instr, Program, ScheduledProgram
 from kiln.runners.sim_checks import operands_bindable, passes
 from kiln.runners.sim_decode import Columns, columns_of, decode_columns
 from kiln.runners.sim_exec import Fast
 from kiln.runners.sim_templates import Template
-
-from kiln.ir.edf import EdfFormatError, gc_paused, read_layout
-from kiln.ir.lir import Instr, Program, ScheduledProgram
 
 CACHE_SIZE = 16  # plans kept; a 16k-instruction plan is under a megabyte
 

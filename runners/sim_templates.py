@@ -22,9 +22,9 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from kiln.runners.sim_exec import Fast, choose
 
 from kiln.ir.lir import Instr, instr_from_obj
+from kiln.runners.sim_exec import Fast, choose
 
 SPACE_CODES = {"sram": 0, "dram": 1}
 

@@ -13,14 +13,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.stages.schedule import raise_violations
-
 import kiln
 from kiln.errors import VerifyError
 from kiln.fsutil import write_bytes_atomic
 from kiln.inspect_edf import load_edf
 from kiln.ir.edf import EdfFile, encode, gc_paused
 from kiln.ir.lir import ScheduledProgram
+from kiln.stages.schedule import raise_violations
 from kiln.summary import format_summary, summarize
 
 NAME = "edf"
@@ -65,7 +64,7 @@ def run(sp: ScheduledProgram, options: Options, machine: dict) -> EdfFile:
 
 
 # decode(serialize(ir)) gives the next stage an IR it cannot tell from ``ir``: a chain on
-# a Dask worker hands ``ir`` on as it is (tasks/chain_worker.py; tests/tasks/test_chain_worker.py)
+# a Dask worker hands ``ir`` on as it is (tasks/execution/chain_worker.py)
 EXACT_ROUND_TRIP = True
 
 

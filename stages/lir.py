@@ -18,9 +18,6 @@ import os
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kiln.stages.lir_deps import DepTracker, Ranges, compute_deps  # noqa: F401 (re-exported)
-from kiln.stages.lir_verify import verify  # noqa: F401 (the stage's verify)
-
 from kiln.errors import StageError
 from kiln.fsutil import read_artifact, write_bytes_atomic
 from kiln.ir import visa
@@ -28,6 +25,8 @@ from kiln.ir.edf import gc_paused
 from kiln.ir.lir import ArgSlot, Program
 from kiln.ir.lir_table import TableBuilder
 from kiln.ir.visa import ITEMSIZE, Imm, Tile, View
+from kiln.stages.lir_deps import DepTracker, Ranges, compute_deps  # noqa: F401 (re-exported)
+from kiln.stages.lir_verify import verify  # noqa: F401 (the stage's verify)
 
 NAME = "lir"
 INPUT = "kernel.visa"  # what the stage reads: the previous stage's ARTIFACT, checked at load
@@ -365,7 +364,7 @@ def _run(program: visa.Program, options: Options, machine: dict) -> Program:
 
 
 # decode(serialize(ir)) gives the next stage an IR it cannot tell from ``ir``: a chain on
-# a Dask worker hands ``ir`` on as it is (tasks/chain_worker.py; tests/tasks/test_chain_worker.py)
+# a Dask worker hands ``ir`` on as it is (tasks/execution/chain_worker.py)
 EXACT_ROUND_TRIP = True
 
 

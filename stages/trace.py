@@ -106,7 +106,7 @@ def _import_relative(path: str, module: str) -> str:
 
 
 # decode(serialize(ir)) gives the next stage an IR it cannot tell from ``ir``: a chain on
-# a Dask worker hands ``ir`` on as it is (tasks/chain_worker.py; tests/tasks/test_chain_worker.py)
+# a Dask worker hands ``ir`` on as it is (tasks/execution/chain_worker.py)
 EXACT_ROUND_TRIP = True
 
 

@@ -16,14 +16,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.stages.visa_emit import EMIT, Emitter
-from kiln.stages.visa_plan import Planner, dram_homes, tile_sizes
-
 from kiln.errors import ArtifactError, Location, VerifyError
 from kiln.fsutil import write_bytes_atomic
 from kiln.ir import visa
 from kiln.ir.edf import gc_paused
 from kiln.ir.graph import Graph
+from kiln.stages.visa_emit import EMIT, Emitter
+from kiln.stages.visa_plan import Planner, dram_homes, tile_sizes
 
 NAME = "visa"
 INPUT = "graph.json"  # what the stage reads: the previous stage's ARTIFACT, checked at load
@@ -88,7 +87,7 @@ def _run(graph: Graph, options: Options, machine: dict) -> tuple[visa.Program, l
 
 
 # decode(serialize(ir)) gives the next stage an IR it cannot tell from ``ir``: a chain on
-# a Dask worker hands ``ir`` on as it is (tasks/chain_worker.py; tests/tasks/test_chain_worker.py)
+# a Dask worker hands ``ir`` on as it is (tasks/execution/chain_worker.py)
 EXACT_ROUND_TRIP = True
 
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from itertools import product
 
+from kiln.ir import visa
+from kiln.ir.graph import Node
+from kiln.ir.ops import OPS as GRAPH_OPS
+from kiln.ir.visa import Imm, Tile, View
 from kiln.stages.visa_plan import (
     DramRef,
     Group,
@@ -23,11 +27,6 @@ from kiln.stages.visa_plan import (
     producer_box,
     rounded_imm,
 )
-
-from kiln.ir import visa
-from kiln.ir.graph import Node
-from kiln.ir.ops import OPS as GRAPH_OPS
-from kiln.ir.visa import Imm, Tile, View
 
 # how two partial reductions combine (reduce_split)
 COMBINE = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}

@@ -63,7 +63,7 @@ def run_kiln(
     full_env.pop("KILN_OUT_DIR", None)
     full_env.update(env or {})
     proc = subprocess.run(
-        [sys.executable, "-m", "kiln.cli", *args],
+        [sys.executable, "-m", "kiln", *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,

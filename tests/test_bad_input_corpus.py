@@ -1,7 +1,7 @@
 """A corpus of malformed projects, each run through `kiln compile` and `doit compile`.
 
 Every case breaks one copy of a project that was built once for the
-session, then runs both entry points (in-process: ``kiln.cli.main`` and
+session, then runs both entry points (in-process: ``kiln.cli.command.main`` and
 doit with the namespace a dodo.py gets; a case that imports kernel code
 runs in a subprocess, where module caches cannot leak between cases) and
 asserts what a user is promised: a non-zero exit, no traceback, one
@@ -28,7 +28,7 @@ import pytest
 from tests.conftest import REPO, SMALL_PIPELINE, machines_yaml, run_kiln
 
 BUILD = "build/kiln/kernel"
-DODO = "from kiln.tasks.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
+DODO = "from kiln.tasks.dag.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
 LOCATED = re.compile(r"^\S+?:\d+(?::\d+)?: error: |^\s+at key: ", re.M)
 
 
@@ -355,9 +355,9 @@ def digests(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
 def run_in_process(root: Path, entry: str, env: dict[str, str], monkeypatch) -> tuple[int, str]:
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
-    from kiln.tasks.loader import dodo_namespace
 
     from kiln import cli
+    from kiln.tasks.dag.loader import dodo_namespace
 
     monkeypatch.chdir(root)
     out, err = io.StringIO(), io.StringIO()

@@ -39,7 +39,7 @@ targets:
   sim: {runner: sim, machine: npu-v1}
 machines:
 """
-DODO = "from kiln.tasks.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
+DODO = "from kiln.tasks.dag.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
 INSTANCE = "build/kiln/kernel/vector_add/small"
 
 
@@ -351,9 +351,9 @@ def test_closed_stdout_neither_tracebacks_nor_stops_the_build(small, command):
 def test_full_disk_is_one_message(small, monkeypatch, capsys):
     import errno
 
-    from kiln.tasks import chain_action, chain_record
-
     from kiln import cli
+    from kiln.tasks.chain import chain_record
+    from kiln.tasks.dag import chain_action
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(small / INSTANCE / "x.tmp"))
@@ -387,7 +387,7 @@ def test_every_entry_point_gives_the_same_message(small, argv):
     )
     env = dict(os.environ, KILN_CACHE_DIR=str(small / ".cache"))
     if argv[0] == "kiln":
-        argv = [sys.executable, "-m", "kiln.cli", *argv[1:]]
+        argv = [sys.executable, "-m", "kiln", *argv[1:]]
     elif argv[0] == "doit":
         argv = [sys.executable, "-m", "doit", *argv[1:]]
     proc = subprocess.run(argv, cwd=small, env=env, capture_output=True, text=True)
@@ -453,7 +453,7 @@ def test_unwritable_out_dir_is_an_error_at_out_dir(small, monkeypatch, capsys):
     monkeypatch.chdir(small)
     monkeypatch.setenv("KILN_CACHE_DIR", str(small / ".cache"))
     # tests may run as root, which may write anywhere: stand in for a read-only dir
-    monkeypatch.setattr("kiln.tasks.project.os.access", lambda path, mode: False)
+    monkeypatch.setattr("kiln.tasks.model.project.os.access", lambda path, mode: False)
     rc = cli.main(["compile"])
     err = capsys.readouterr().err
     assert rc == 2, err

@@ -2,7 +2,7 @@
 
 kiln.inputs (the one input generator), kiln.compare.vacuity, kiln.outputs,
 the pipeline model's ``inputs:`` and ``dtype: [...]``, the JUnit writer and
-the test report key's view of a kernel function (tasks/report_cache.py).
+the test report key's view of a kernel function (tasks/checks/report_cache.py).
 The commands end to end: tests/test_inputs_e2e.py.
 """
 
@@ -204,7 +204,7 @@ def _function(tmp_path: Path, name: str, text: str):
 
 
 def test_the_oracles_digest_ignores_comments_docstrings_and_lines(tmp_path):
-    from kiln.tasks.report_cache import function_digest
+    from kiln.tasks.checks.report_cache import function_digest
 
     base = _function(tmp_path, "m1", '''\
         def k(x, scale=2.0):
@@ -320,7 +320,7 @@ def test_a_bad_entry_is_one_error_at_its_line(tmp_path, old, new, marker, words)
 
 
 def test_junit_carries_the_warning_and_strict_makes_it_a_failure(tmp_path):
-    from kiln.tasks.junit import write_junit
+    from kiln.tasks.checks.junit import write_junit
 
     passed = {
         "kernel": "k.small",

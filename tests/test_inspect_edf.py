@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from kiln.stages import edf, schedule
 
 from kiln.errors import ArtifactError
 from kiln.inspect_edf import load_edf, render
 from kiln.ir.edf import read_layout
 from kiln.ir.schedule_check import random_program
+from kiln.stages import edf, schedule
 
 MACHINE = {"name": "npu-v1", "clock_mhz": 1000, "units": {"dma": 2, "tensor": 1, "vector": 2}}
 

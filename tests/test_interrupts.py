@@ -47,7 +47,7 @@ def test_ctrl_c_during_plain_doit_compile_prints_no_traceback(project):
         }
     (project / "pipeline.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
     (project / "dodo.py").write_text(
-        "from kiln.tasks.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
+        "from kiln.tasks.dag.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
     )
     build = subprocess.Popen(
         [sys.executable, "-m", "doit", "compile"],

@@ -43,7 +43,13 @@ def kiln_modules(root: Path = REPO) -> dict[str, Path]:
     dirs = config.get("package-dir", {})
     modules = {}
     for package in config["packages"]:
-        folder = root / dirs.get(package, package.replace(".", "/"))
+        # kiln.tasks.dag lives in tasks/dag: the longest mapped prefix names the folder
+        mapped = max(
+            (p for p in dirs if package == p or package.startswith(p + ".")), key=len, default=None
+        )
+        rest = package[len(mapped) + 1 :] if mapped and package != mapped else ""
+        base = dirs[mapped] if mapped else package.replace(".", "/")
+        folder = root / base / rest.replace(".", "/")
         for path in sorted(folder.glob("*.py")):
             name = package if path.stem == "__init__" else f"{package}.{path.stem}"
             modules[name] = path

@@ -1,6 +1,6 @@
 """Rough edges a new user hit (issue 30), each pinned through the CLI in a tiny project.
 
-Every call is in-process (``kiln.cli.main``) on a one-kernel project built
+Every call is in-process (``kiln.cli.command.main``) on a one-kernel project built
 once per module, so the whole file costs seconds.
 """
 

@@ -24,14 +24,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kiln.runners.base import KernelArtifacts
-from kiln.runners.sim import SimRunner
 
 import kiln
 from kiln import Tensor, device
 from kiln.compare import compare
 from kiln.inputs import random_inputs
 from kiln.lang import trace
+from kiln.runners.base import KernelArtifacts
+from kiln.runners.sim import SimRunner
 from tests.runners.test_sim import compile_graph, machine
 
 # ruff: noqa: F821  (Tensor["R"] names a dim)

@@ -45,7 +45,7 @@ RACY_NS = 2_000_000_000
 # artifacts "side/<file name>" written next to it.
 PRIMARY_OUTPUTS = ("artifact", "report", "vmfb")
 SIDE_PREFIX = "side/"
-# A whole stage chain's entry (tasks/chain_action.py): its stages' records, and its files
+# A whole stage chain's entry (tasks/dag/chain_action.py): its stages' records, and its files
 # "file/<path inside the instance's out dir>", a few plain components deep
 CHAIN_RECORD = "record"
 FILE_PREFIX = "file/"

@@ -392,7 +392,7 @@ def _check_inputs(kernel: str, spec: dict[str, Any], smap: Positions) -> None:
 
     What needs the kernel's signature (an unknown argument, a float
     distribution for an i32 argument, a .npy file's shape) is checked when
-    the kernel packages are scanned (tasks/project.py).
+    the kernel packages are scanned (tasks/model/project.py).
     """
     base = f"kernels.{kernel}"
     written = [(f"{base}.inputs", spec.get("inputs") or {})]

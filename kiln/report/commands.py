@@ -39,14 +39,14 @@ def add_parsers(sub) -> None:
 
 
 def selection(project, filters: list[str], shapes: str | None, command: str):
-    from kiln.tasks.selection import select
+    from kiln.tasks.model.selection import select
 
     return select(project, filters, shape_set=shapes, command=command).instances
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from kiln.tasks.manifest import building_nothing
-    from kiln.tasks.taskgraph import render, task_graph
+    from kiln.tasks.chain.manifest import building_nothing
+    from kiln.tasks.dag.taskgraph import render, task_graph
 
     project = _project()
     with building_nothing():
@@ -57,7 +57,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from kiln.tasks.manifest import building_nothing
+    from kiln.tasks.chain.manifest import building_nothing
 
     with building_nothing():
         return _view(args)
@@ -180,7 +180,7 @@ def write_profile(project, path: Path) -> None:
     import json
 
     from kiln.fsutil import write_bytes_atomic
-    from kiln.tasks.results import chrome_trace, read_profile
+    from kiln.tasks.checks.results import chrome_trace, read_profile
 
     path.parent.mkdir(parents=True, exist_ok=True)
     trace = chrome_trace(read_profile(project.state_dir))
@@ -189,6 +189,8 @@ def write_profile(project, path: Path) -> None:
 
 
 def _project():
-    from kiln.tasks.project import Project  # only once a command runs: `kiln --help` stays light
+    from kiln.tasks.model.project import (
+        Project,  # only once a command runs: `kiln --help` stays light
+    )
 
     return Project.find()

@@ -15,9 +15,9 @@ from pathlib import Path
 from kiln.report.layout import lir_graph, traced_graph
 from kiln.report.schedule_data import schedule_payload
 from kiln.summary import summarize
-from kiln.tasks.compile import stage_artifact
-from kiln.tasks.project import KernelInstance, Project
-from kiln.tasks.results import instance_results, read_failures, read_json
+from kiln.tasks.checks.results import instance_results, read_failures, read_json
+from kiln.tasks.model.artifacts import stage_artifact
+from kiln.tasks.model.project import KernelInstance, Project
 
 # the stage modules whose artifacts the report reads, by the role they play
 STAGE_ROLES = {
@@ -144,7 +144,7 @@ def _dumps(project: Project, inst: KernelInstance) -> list[str]:
 
 
 def build_profile(project: Project) -> list[dict]:
-    from kiln.tasks.results import read_profile
+    from kiln.tasks.checks.results import read_profile
 
     records = read_profile(project.state_dir)
     t0 = min((r["start"] for r in records), default=0.0)

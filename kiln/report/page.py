@@ -37,8 +37,8 @@ def render_report(project, instances, out: Path, diff: dict | None = None) -> by
 def _build_views(project, instances):
     """The task DAG (networkx, and as the page draws it) and the build's critical path."""
     from kiln.report.layout import drawn_graph
-    from kiln.tasks.results import read_profile
-    from kiln.tasks.taskgraph import task_graph
+    from kiln.tasks.checks.results import read_profile
+    from kiln.tasks.dag.taskgraph import task_graph
 
     g = task_graph(project, instances, why=True)
     drawn = drawn_graph(

@@ -120,7 +120,7 @@ def test_s3_server_killed_mid_upload_build_completes_with_one_warning(s3_server,
     env.update(CREDENTIALS)
     project = s3_project(tmp_path, "origin")
     build = subprocess.Popen(
-        [sys.executable, "-m", "kiln.cli", "compile"],
+        [sys.executable, "-m", "kiln", "compile"],
         cwd=project,
         env=env,
         stdout=subprocess.PIPE,

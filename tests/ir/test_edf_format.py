@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kiln.stages import schedule
 
 import kiln.ir.edf as edf_mod
 from kiln.ir.edf import (
@@ -28,6 +27,7 @@ from kiln.ir.edf import (
 )
 from kiln.ir.lir import DEP_KINDS, Access, ArgSlot, Dep, Instr, Program, ScheduledProgram, Slot
 from kiln.ir.schedule_check import random_program
+from kiln.stages import schedule
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINE = {"name": "npu-v1", "clock_mhz": 1000}

@@ -7,11 +7,11 @@ import pickle
 
 import msgpack
 import pytest
-from kiln.stages import schedule as schedule_stage
 
 from kiln.ir.lir import Program, ScheduledProgram, Slot, instr_to_obj
 from kiln.ir.lir_table import InstrTable, SlotTable
 from kiln.ir.schedule_check import _valid_at_a_glance, check_schedule, random_program
+from kiln.stages import schedule as schedule_stage
 
 
 def _schedule(program: Program) -> ScheduledProgram:

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from kiln.stages import visa as visa_stage
 
 import kiln
 from kiln import Tensor, device
@@ -14,6 +13,7 @@ from kiln.ir import visa
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
 from kiln.ir.visa import Buffer, DramTensor, Imm, Instr, Program, Tile, View
 from kiln.lang import trace
+from kiln.stages import visa as visa_stage
 
 GOLDEN = Path(__file__).parent / "golden"
 MACHINE = {  # npu-v1 from pipeline.yaml: what the visa stage reads of it

@@ -11,13 +11,13 @@ from __future__ import annotations
 import importlib.util
 
 import numpy as np
-from kiln.runners.base import KernelArtifacts
-from kiln.runners.sim import SimRunner
 
 from kiln import Tensor, device
 from kiln.compare import compare
 from kiln.ir.interp import kiln_dtype
 from kiln.lang import trace
+from kiln.runners.base import KernelArtifacts
+from kiln.runners.sim import SimRunner
 from tests.runners.test_sim import compile_graph, machine
 
 HAS_IREE = importlib.util.find_spec("iree") is not None and (

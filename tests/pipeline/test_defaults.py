@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kiln.commands_config import cmd_config
+from kiln.cli.config_command import cmd_config
 from kiln.errors import PipelineError
 from kiln.pipeline import defaults as builtin_defaults
 from kiln.pipeline import load_pipeline, load_pipeline_cached, load_schema
@@ -45,7 +45,7 @@ def scale(x: Tensor["N"]):
     return x * 2.0
 """
 BUILTIN = "built-in default"
-DODO = "from kiln.tasks.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
+DODO = "from kiln.tasks.dag.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
 BUILT_IN_STAGES = ["trace", "visa", "lir", "schedule", "edf"]
 
 
@@ -71,9 +71,9 @@ def line_of(path: Path, text: str) -> int:
 
 
 def kiln_command() -> list[str]:
-    """The venv's `kiln` script, as a user runs it (python -m kiln.cli where there is none)."""
+    """The venv's `kiln` script, as a user runs it (python -m kiln where there is none)."""
     script = Path(sys.executable).with_name("kiln")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "kiln.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "kiln"]
 
 
 def run(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -185,8 +185,8 @@ def test_omitting_machine_picks_npu_v1_even_with_project_targets(minimal: Path) 
 def test_a_target_with_a_builtin_name_replaces_it_and_a_new_name_adds_one(
     minimal: Path,
 ) -> None:
-    from kiln.tasks.project import Project
-    from kiln.tasks.testing import default_targets
+    from kiln.tasks.checks.verdicts import default_targets
+    from kiln.tasks.model.project import Project
 
     path = write(
         minimal,
@@ -280,8 +280,8 @@ def test_changing_a_default_changes_the_compile_config_stamps(
     minimal: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The machine model that feeds the stamps is the resolved one, not pipeline.yaml's text."""
-    from kiln.tasks.compile import compile_tasks
-    from kiln.tasks.project import Project
+    from kiln.tasks.dag.compile import compile_tasks
+    from kiln.tasks.model.project import Project
 
     def stamps() -> dict[str, str]:
         tasks = compile_tasks(Project(minimal / "pipeline.yaml"))
@@ -403,7 +403,7 @@ def test_config_follows_a_cache_hit(minimal: Path, monkeypatch: pytest.MonkeyPat
 def test_config_says_which_environment_variables_override_the_file(
     minimal: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    from kiln.commands_config import ENVIRONMENT_OVERRIDES
+    from kiln.cli.config_command import ENVIRONMENT_OVERRIDES
 
     for name in ENVIRONMENT_OVERRIDES:
         monkeypatch.delenv(name, raising=False)

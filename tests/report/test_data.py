@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kiln.tasks.project import Project
-
 from kiln.report.data import collect
+from kiln.tasks.model.project import Project
 
 
 def test_rows_carry_the_summary_results_and_status(built: Path):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from kiln.stages.schedule import Options, run
-
 from kiln.ir.lir import Dep, Instr, Program, ScheduledProgram, Slot
 from kiln.ir.schedule_check import random_program
 from kiln.report.schedule_data import schedule_critical_path, schedule_payload
+from kiln.stages.schedule import Options, run
 
 
 def _program(instrs) -> Program:

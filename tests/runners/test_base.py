@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from importlib.metadata import EntryPoint
 
-import kiln.runners.base as base
 import pytest
-from kiln.runners.base import BUILTIN_RUNNERS, Runner, load_runner_class
 
+import kiln.runners.base as base
 from kiln.errors import TargetError
+from kiln.runners.base import BUILTIN_RUNNERS, Runner, load_runner_class
 
 
 def fake_entry_points(*points: EntryPoint, seen: list | None = None):
@@ -74,8 +74,8 @@ def test_options_are_copied_not_shared():
 
 
 def test_unknown_target_names_the_pipeline_targets(project):
-    from kiln.tasks.project import Project
-    from kiln.tasks.running import make_runner
+    from kiln.tasks.checks.targets import make_runner
+    from kiln.tasks.model.project import Project
 
     p = Project(project / "pipeline.yaml")
     assert make_runner(p, "sim").kind == "sim"

@@ -4,8 +4,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kiln.runners.base import KernelArtifacts
-from kiln.runners.cpu import CpuRunner
 
 import kernels.linalg as linalg
 import kernels.normalization as normalization
@@ -13,6 +11,8 @@ from kiln import Tensor, device
 from kiln.inputs import random_inputs
 from kiln.ir.interp import run_graph
 from kiln.lang import trace
+from kiln.runners.base import KernelArtifacts
+from kiln.runners.cpu import CpuRunner
 
 # ruff: noqa: F821  (Tensor["R"] names a dim)
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from kiln.runners.base import KernelArtifacts, load_runner_class
 
 from kiln.errors import TargetError
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
 from kiln.ir.graph_verify import verify_graph
 from kiln.ir.interp import NUMPY_DTYPES, run_graph
 from kiln.ir.ops import broadcast_shapes, infer
+from kiln.runners.base import KernelArtifacts, load_runner_class
 
 TOLERANCE = {  # dtype -> (rtol, atol)
     "f32": (1e-4, 1e-5),

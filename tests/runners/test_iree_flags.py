@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kiln.runners.iree_flags import LLVM_CPU_FLAGS, HostCpu, llvm_cpu_flags, widened
 
 ZEN4 = HostCpu.parse("znver4", "+avx2,+avx512f,+mwaitx,+avx512bf16,-avx512fp16,-mwaitx")
@@ -54,9 +55,8 @@ def test_the_vmfb_key_holds_the_resolved_cpu():
 
 def test_a_cpu_named_in_flags_replaces_the_host_and_widens_both_halves():
     """Kiln knows nothing of that CPU's features: no host flags, every half type widened."""
-    from kiln.runners.iree import IreeOptions, lower, resolved_flags
-
     from kiln.ir.graph import Graph, Node, TensorType, make_attrs
+    from kiln.runners.iree import IreeOptions, lower, resolved_flags
 
     options = IreeOptions(flags=("--iree-llvmcpu-target-cpu=znver3",))
     assert resolved_flags(options) == [*LLVM_CPU_FLAGS, "--iree-llvmcpu-target-cpu=znver3"]

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kiln.runners.iree_mlir import func_name, literal, reassociation, to_mlir
 
 from kiln.errors import TargetError
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
 from kiln.ir.graph_verify import verify_graph
+from kiln.runners.iree_mlir import func_name, literal, reassociation, to_mlir
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kiln.runners.iree_mlir import to_mlir
 
 import kiln
 from kiln import Tensor, device
 from kiln.ir.graph import Graph
 from kiln.ir.interp import NUMPY_DTYPES, run_graph
 from kiln.lang.tracer import trace
+from kiln.runners.iree_mlir import to_mlir
 
 TOLERANCE = {"f32": (1e-5, 1e-5), "f16": (1e-2, 1e-2), "bf16": (2e-2, 2e-2)}
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
-import kiln.runners.npu as npu
 import numpy as np
 import pytest
+
+import kernels.linalg as linalg
+import kiln.runners.npu as npu
+from kiln.errors import TargetError
+from kiln.lang import trace
 from kiln.runners.base import KernelArtifacts
 from kiln.runners.cpu import CpuRunner
 from kiln.runners.npu import NpuRunner
-
-import kernels.linalg as linalg
-from kiln.errors import TargetError
-from kiln.lang import trace
 from tests.conftest import REPO, run_kiln
 
 # pyproject.toml registers Kiln's own runners in the group; the npu runner skips itself

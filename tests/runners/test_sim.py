@@ -16,12 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from kiln.runners.base import KernelArtifacts
-from kiln.runners.sim import SimRunner, bounds_errors, find_races
-from kiln.stages import edf as edf_stage
-from kiln.stages import lir as lir_stage
-from kiln.stages import schedule as schedule_stage
-from kiln.stages import visa as visa_stage
 
 import kernels.elementwise as elementwise
 import kernels.linalg as linalg
@@ -36,6 +30,12 @@ from kiln.ir.interp import run_graph
 from kiln.ir.lir import Access, ScheduledProgram, Slot
 from kiln.ir.schedule_check import check_schedule
 from kiln.lang import trace
+from kiln.runners.base import KernelArtifacts
+from kiln.runners.sim import SimRunner, bounds_errors, find_races
+from kiln.stages import edf as edf_stage
+from kiln.stages import lir as lir_stage
+from kiln.stages import schedule as schedule_stage
+from kiln.stages import visa as visa_stage
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINES = yaml.safe_load((REPO / "pipeline.yaml").read_text())["machines"]

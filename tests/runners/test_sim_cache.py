@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from kiln.runners import sim_plan
-from kiln.runners.sim_plan import checked_plan, clear_cache
 
 import kernels.linalg as linalg
 from kiln.ir.edf import encode
 from kiln.lang import trace
+from kiln.runners import sim_plan
+from kiln.runners.sim_plan import checked_plan, clear_cache
 from tests.runners.test_sim import compile_graph, inputs_for, machine, prepare_file
 
 

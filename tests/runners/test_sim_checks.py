@@ -17,10 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kiln.runners.sim import bounds_errors, find_races
-from kiln.runners.sim_checks import accesses_in_bounds, any_race, schedule_ok
-from kiln.runners.sim_decode import columns_of
-from kiln.runners.sim_plan import checked_plan
 
 import kernels.linalg as linalg
 import kernels.normalization as normalization
@@ -29,6 +25,10 @@ from kiln.ir.edf import SCHEDULE, EdfFile, encode, read_layout
 from kiln.ir.lir import Access, Dep, ScheduledProgram, Slot
 from kiln.ir.schedule_check import RULES, check_schedule, random_program, unit_instances
 from kiln.lang import trace
+from kiln.runners.sim import bounds_errors, find_races
+from kiln.runners.sim_checks import accesses_in_bounds, any_race, schedule_ok
+from kiln.runners.sim_decode import columns_of
+from kiln.runners.sim_plan import checked_plan
 from tests.runners.test_sim import compile_graph, inputs_for, machine, prepare_file, with_instr
 
 REFUSED = "the simulator refuses this binary: "

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kiln.runners import sim_decode
-from kiln.runners.sim_decode import Columns, columns_of, decode_columns
 
 import kernels.elementwise as elementwise
 import kernels.linalg as linalg
@@ -22,6 +20,8 @@ from kiln.inputs import random_inputs
 from kiln.ir.edf import decode, encode, read_layout
 from kiln.ir.lir_exec import run_program
 from kiln.lang import trace
+from kiln.runners import sim_decode
+from kiln.runners.sim_decode import Columns, columns_of, decode_columns
 from tests.runners.test_sim import compile_graph, machine, prepare_file
 
 CASES = [
@@ -94,6 +94,7 @@ def test_each_msgpack_encoding_reads_back():
     """Every int width and sign, float32/64, short and long strings, arrays: the token
     reader gives the value msgpack packed."""
     import msgpack
+
     from kiln.runners.sim_msgpack import ARR, FLOAT, INT, STR, Reader
 
     values = [0, 127, -1, -32, -33, -128, -129, 200, 255, 256, 70000, -70000, 2**32, 2**40]

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kiln.runners.sim import SimBinary, SimRunner
-from kiln.runners.sim_decode import columns_of
-from kiln.runners.sim_exec import FAST, bind
 
 import kernels.elementwise as elementwise
 import kernels.linalg as linalg
@@ -15,6 +12,9 @@ import kernels.reductions as reductions
 from kiln.inputs import random_inputs
 from kiln.ir.lir_exec import apply, run_program
 from kiln.lang import trace
+from kiln.runners.sim import SimBinary, SimRunner
+from kiln.runners.sim_decode import columns_of
+from kiln.runners.sim_exec import FAST, bind
 from tests.runners.test_sim import compile_graph, machine
 
 CASES = [

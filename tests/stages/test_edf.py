@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kiln.stages import edf, schedule
 
 from kiln.errors import ArtifactError, VerifyError
 from kiln.ir.edf import EdfFile
 from kiln.ir.lir import Access, ArgSlot, Dep, Instr, Program, ScheduledProgram, Slot
 from kiln.ir.schedule_check import random_program
+from kiln.stages import edf, schedule
 from kiln.summary import format_summary, summarize
 
 REPO = Path(__file__).resolve().parents[2]
@@ -250,9 +250,8 @@ def test_summary_dump_writes_canonical_json_and_a_text_table(tmp_path):
     "function, bindings", [("softmax", {"R": 64, "C": 128}), ("layernorm", {"R": 64, "C": 128})]
 )
 def test_real_program_packs_verifies_and_round_trips(tmp_path, function, bindings):
-    from kiln.stages import lir, trace, visa
-
     from kiln.inspect_edf import render
+    from kiln.stages import lir, trace, visa
 
     m = machine()
     request = trace.TraceRequest(

@@ -17,8 +17,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kiln.stages import lir as lir_stage
-from kiln.stages import visa as visa_stage
 
 from kiln.errors import ArtifactError, StageError, VerifyError
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
@@ -28,6 +26,8 @@ from kiln.ir.lir import Access, Dep, Program
 from kiln.ir.lir_exec import run_program
 from kiln.ir.ops import infer
 from kiln.options import build_options
+from kiln.stages import lir as lir_stage
+from kiln.stages import visa as visa_stage
 from tests.stages.machines import MACHINES
 
 

@@ -10,12 +10,12 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kiln.stages import schedule
 
 from kiln.errors import ArtifactError, StageError, VerifyError
 from kiln.ir.lir import Access, ArgSlot, Dep, Instr, Program, ScheduledProgram, Slot
 from kiln.ir.schedule_check import check_schedule, critical_path, random_program
 from kiln.options import build_options
+from kiln.stages import schedule
 from kiln.summary import summarize
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kiln.stages import lir, schedule, trace, visa
 
 from kiln.ir.lir import Access, ArgSlot, Dep, Instr, Program, ScheduledProgram
 from kiln.options import build_options
 from kiln.pipeline import load_pipeline
+from kiln.stages import lir, schedule, trace, visa
 
 REPO = Path(__file__).resolve().parents[2]
 KINDS = ("dma", "tensor", "vector")

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kiln.stages import trace as stage
 
 from kiln.errors import ArtifactError, TraceError, VerifyError
 from kiln.fsutil import write_bytes_atomic
 from kiln.ir.graph import Graph, Node, TensorType
 from kiln.ir.interp import run_graph
+from kiln.stages import trace as stage
 
 GEMM = stage.TraceRequest(
     module="kernels.linalg", function="gemm", bindings=(("M", 4), ("K", 3), ("N", 2))

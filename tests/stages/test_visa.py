@@ -12,8 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kiln.stages import lir as lir_stage
-from kiln.stages import visa as visa_stage
 
 from kiln.errors import ArtifactError, StageError, VerifyError
 from kiln.ir import visa
@@ -23,6 +21,8 @@ from kiln.ir.lir_exec import run_program
 from kiln.ir.ops import infer
 from kiln.lang import trace
 from kiln.options import build_options
+from kiln.stages import lir as lir_stage
+from kiln.stages import visa as visa_stage
 from tests.stages.machines import MACHINES
 
 REPO = Path(__file__).resolve().parents[2]

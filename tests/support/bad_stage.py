@@ -16,11 +16,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kiln.stages import visa as good
-
 from kiln.errors import StageError
 from kiln.ir import visa
 from kiln.ir.visa import Imm
+from kiln.stages import visa as good
 
 NAME = "visa"
 ARTIFACT = "kernel.visa"  # a literal: the task layer reads it without importing

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kiln.tasks.manifest import MANIFEST
+from kiln.tasks.chain.manifest import MANIFEST
 
 
 def build_bytes(project: Path, base: Path | None = None) -> dict[str, bytes]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from kiln.stages import trace
-
 from kiln.tune.evaluate import Context
 
 MACHINE = {

@@ -1,0 +1,1 @@
+"""Apps: plain Python programs that call kernels, run against a chosen target."""

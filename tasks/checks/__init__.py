@@ -1,0 +1,1 @@
+"""Built instances checked on targets against the oracle, and the results they leave."""

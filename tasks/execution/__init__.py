@@ -1,0 +1,1 @@
+"""Where chains run: in this process, a process pool (`-n N`) or a Dask cluster."""

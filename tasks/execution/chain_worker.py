@@ -1,0 +1,207 @@
+"""The function a Dask worker runs: a kernel instance's stage chain, from bytes to bytes.
+
+Kernel sources arrive by content. A worker keeps the project's modules
+imported only while the tasks it runs carry the very same sources (one
+digest over every file): a task with other bytes forgets them and imports
+its own from a directory named by their digest, so a long-lived worker never
+traces a kernel as it was before an edit, yet the instances of one build do
+not re-import (and re-compile) the kernel modules for every task. A worker
+whose stage code differs from the client's refuses the task.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import msgpack
+
+from kiln.driver import ChainResult, StageRecord, run_chain
+
+# a worker with several threads runs one chain at a time: sys.path and
+# sys.modules are the process's, and stages are pure Python (the GIL serializes them anyway)
+_chain_lock = threading.Lock()
+WORKER_NICENESS = 10  # a LocalCluster's workers below the build process (see dask_setup)
+_sources_root: Path | None = None  # where the imported project modules' files are
+_sources_digest: str | None = None
+_sources_names: set[str] = set()
+
+
+def run_job(wire: bytes) -> bytes:
+    """Run one chain (a ``ChainJob``'s bytes); its result as bytes (``encode_result``).
+
+    A worker whose stage code differs from the client's refuses the chain;
+    a chain that fails is answered ``failed``: its client builds it again
+    locally and reports exactly as a local build does.
+    """
+    from kiln.tasks.chain.instance_spec import ChainJob
+    from kiln.tasks.model.digest import stage_module_info
+
+    job = ChainJob.from_wire(wire)
+    if job.sources:
+        for stage in job.chain.stages:
+            mine = stage_module_info(stage.module)[0]
+            if mine != stage.code:
+                return msgpack.packb(
+                    {"refused": f"stage {stage.module}: digest {mine}, the client {stage.code}"}
+                )
+    with _chain_lock:
+        try:
+            if job.sources:
+                _use_sources(dict(job.sources))
+                result = run_chain(job.chain, dict(job.digests))
+            else:
+                from kiln.tasks.model.importpath import add_project_root
+
+                add_project_root(job.root)
+                out = Path(job.out_dir)
+                known = {r.name: r for r in job.known}
+                result = run_chain(job.chain, dict(job.digests), known=known, load=file_reader(out))
+        except Exception:
+            return msgpack.packb({"failed": True})
+    return encode_result(result)
+
+
+def file_reader(out: Path):
+    """load(path inside ``out``) for run_chain: the bytes the last run left, or None."""
+
+    def load(rel: str) -> bytes | None:
+        try:
+            return (out / rel).read_bytes()
+        except OSError:
+            return None
+
+    return load
+
+
+def encode_result(result: ChainResult) -> bytes:
+    return msgpack.packb(
+        {
+            "records": [[r.name, r.key, r.digest, list(r.files)] for r in result.records],
+            "files": result.files,
+            "artifacts": sorted(result.artifacts),
+            "ran": result.ran,
+            "spans": [list(s) for s in result.spans],
+            "graph": result.graph_digest,
+            "pid": os.getpid(),
+        },
+        use_bin_type=True,
+    )
+
+
+def decode_result(data: bytes) -> tuple[ChainResult | None, int, str | None]:
+    """(result, worker pid, refusal): result None when the chain failed or was refused."""
+    d = msgpack.unpackb(data, raw=False)
+    if "refused" in d:
+        return None, 0, d["refused"]
+    if "failed" in d:
+        return None, 0, None
+    result = ChainResult(
+        records=[StageRecord(n, k, g, tuple(f)) for n, k, g, f in d["records"]],
+        files=dict(d["files"]),
+        artifacts=set(d["artifacts"]),
+        ran=list(d["ran"]),
+        spans=[(n, a, b) for n, a, b in d["spans"]],
+        graph_digest=d["graph"],
+    )
+    return result, int(d["pid"]), None
+
+
+def pool_worker_setup() -> None:
+    """A pool worker ignores Ctrl-C: the build handles it and shuts the pool down."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the pool's parent
+
+
+def dask_setup(worker) -> None:
+    """Dask's preload hook, in the worker processes of a LocalCluster Kiln starts.
+
+    Ctrl-C reaches every process of the terminal's group: the build handles
+    it (cancels, closes the cluster, says `kiln: interrupted`) and a worker
+    must neither print a KeyboardInterrupt traceback nor die mid-task.
+
+    The workers yield the CPU to the build process: it feeds them and writes
+    everything they return, so when the three share too few cores it is
+    the one the build waits on, and a worker ahead of it only adds to its backlog.
+    """
+    import signal
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        os.nice(WORKER_NICENESS)
+    except OSError:  # not allowed here: the workers run at the build's priority
+        pass
+
+
+def warm_up(modules: list[str]) -> None:
+    """Import the stage modules (and numpy with them) before the first task needs them."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the task that needs it reports the failure
+            pass
+
+
+def _use_sources(sources: dict[str, bytes]) -> Path:
+    """The directory holding exactly ``sources``, first on sys.path, its modules importable."""
+    global _sources_root, _sources_digest, _sources_names
+    digest = hashlib.sha256()
+    for rel in sorted(sources):
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(sources[rel]).digest())
+    wanted = digest.hexdigest()
+    if wanted == _sources_digest and _sources_root is not None:
+        return _sources_root
+    _forget_sources()
+    root = _scratch() / wanted[:16]
+    for rel, content in sources.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+    _sources_names = {Path(rel).parts[0].removesuffix(".py") for rel in sources}
+    _drop_modules(_sources_names)  # a project module the worker imported some other way
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    _sources_root, _sources_digest = root, wanted
+    return root
+
+
+def _forget_sources() -> None:
+    global _sources_root, _sources_digest
+    if _sources_root is None:
+        return
+    _drop_modules(_sources_names)
+    try:
+        sys.path.remove(str(_sources_root))
+    except ValueError:
+        pass
+    shutil.rmtree(_sources_root, ignore_errors=True)
+    _sources_root = _sources_digest = None
+
+
+_scratch_dir: Path | None = None
+
+
+def _scratch() -> Path:
+    """This process's directory for source trees, removed when it exits."""
+    global _scratch_dir
+    if _scratch_dir is None:
+        _scratch_dir = Path(tempfile.mkdtemp(prefix="kiln-sources-"))
+        atexit.register(shutil.rmtree, _scratch_dir, True)
+    return _scratch_dir
+
+
+def _drop_modules(tops: set[str]) -> None:
+    """Forget the project's modules, so the next import reads the current sources."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in tops:
+            del sys.modules[name]

@@ -1,0 +1,273 @@
+"""Choosing the executor, and what a worker refuses."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kiln.errors import KilnError
+from kiln.tasks.execution import executor
+from kiln.tasks.execution.executor import resolve_executor
+
+
+def test_local_is_the_default(monkeypatch):
+    monkeypatch.delenv("KILN_EXECUTOR", raising=False)
+    assert resolve_executor({}, ".") is None
+
+
+def test_flags_override_the_file(monkeypatch):
+    pytest.importorskip("distributed", reason="the dask executor needs kiln[distributed]")
+    monkeypatch.setenv("KILN_EXECUTOR", "dask")
+    monkeypatch.setenv("KILN_SCHEDULER", "tcp://10.1.2.3:8786")
+    monkeypatch.setenv("KILN_JOBS", "3")
+    found = resolve_executor({"kind": "local", "address": "tcp://other:1"}, ".")
+    assert found == {
+        "kind": "dask",
+        "address": "tcp://10.1.2.3:8786",
+        "workers": 3,
+        "source": "KILN_SCHEDULER",
+    }
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in ("KILN_EXECUTOR", "KILN_SCHEDULER", "KILN_JOBS"):
+        monkeypatch.setenv(name, "")  # recorded, so what note_flag sets is undone too
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(executor, "_from_flags", {})
+    return monkeypatch
+
+
+def error_of(settings=None) -> KilnError:
+    with pytest.raises(KilnError) as info:
+        resolve_executor(settings or {}, ".")
+    return info.value
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "2.5", "99999"])
+def test_a_bad_kiln_jobs_is_one_message_naming_it(clean_env, value):
+    pytest.importorskip("distributed")
+    clean_env.setenv("KILN_JOBS", value)
+    err = error_of({"kind": "dask"})
+    assert err.message == "KILN_JOBS is not a worker count" and err.found == value
+
+
+def test_a_bad_n_flag_names_the_flag(clean_env):
+    pytest.importorskip("distributed")
+    executor.note_flag("KILN_JOBS", "-n", "0")
+    err = error_of({"kind": "dask"})
+    assert err.message == "-n is not a worker count" and "-n" in err.hint
+
+
+def test_kiln_jobs_is_not_read_by_a_local_build(clean_env):
+    clean_env.setenv("KILN_JOBS", "abc")
+    assert resolve_executor({}, ".") is None
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["notaurl", "tcp://host", "tcp://host:0", "tcp://host:99999", "ftp://host:1", "tcp://"],
+)
+def test_a_bad_address_is_one_message_naming_where_it_came_from(clean_env, address):
+    pytest.importorskip("distributed")
+    err = error_of({"kind": "dask", "address": address})
+    assert err.message == "executor.address in pipeline.yaml is not a Dask scheduler address"
+    assert err.found == address and "tcp://HOST:PORT" in err.expected
+    clean_env.setenv("KILN_SCHEDULER", address)
+    assert error_of().message.startswith("KILN_SCHEDULER is not")
+    executor.note_flag("KILN_SCHEDULER", "--scheduler", address)
+    assert error_of().message.startswith("--scheduler is not")
+
+
+@pytest.mark.parametrize(
+    "address", ["tcp://127.0.0.1:8786", "tls://sched.example:8786", "tcp://[::1]:1", "inproc://x"]
+)
+def test_good_addresses_pass(clean_env, address):
+    pytest.importorskip("distributed")
+    assert resolve_executor({"address": address}, ".")["address"] == address
+
+
+def test_an_address_in_the_file_implies_dask_as_the_flag_does(clean_env):
+    pytest.importorskip("distributed")
+    found = resolve_executor({"address": "tcp://h:8786"}, ".")
+    assert found["kind"] == "dask" and found["source"] == "executor.address in pipeline.yaml"
+
+
+def test_an_address_with_kind_local_is_an_error(clean_env):
+    err = error_of({"kind": "local", "address": "tcp://h:8786"})
+    assert "executor.kind is local" in err.message
+    clean_env.setenv("KILN_EXECUTOR", "local")  # the environment overrides the file
+    assert resolve_executor({"kind": "local", "address": "tcp://h:8786"}, ".") is None
+
+
+def test_local_executor_with_a_scheduler_is_an_error(clean_env):
+    executor.note_flag("KILN_EXECUTOR", "--executor", "local")
+    executor.note_flag("KILN_SCHEDULER", "--scheduler", "tcp://h:1")
+    err = error_of()
+    assert "--scheduler" in err.message and "--executor" in err.message
+
+
+def test_an_unknown_executor_names_kiln_executor_and_case_does_not_matter(clean_env):
+    clean_env.setenv("KILN_EXECUTOR", "ray")
+    err = error_of()
+    assert "KILN_EXECUTOR" in err.message and err.found == "ray"
+    clean_env.setenv("KILN_EXECUTOR", "Local")
+    assert resolve_executor({"kind": "dask"}, ".") is None
+
+
+def test_dask_without_the_extra_is_one_message_naming_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "distributed" else real(name, *a),
+    )
+    monkeypatch.delenv("KILN_EXECUTOR", raising=False)
+    with pytest.raises(KilnError) as info:
+        resolve_executor({"kind": "dask"}, ".")
+    assert "kiln-kernels[distributed]" in info.value.hint
+
+
+def test_worker_refuses_a_client_with_other_stage_code():
+    from kiln.driver import BuildInfo, ChainSpec, StageSpec, TraceSpec
+    from kiln.tasks.chain.instance_spec import ChainJob
+    from kiln.tasks.execution.chain_worker import decode_result, run_job
+
+    chain = ChainSpec(
+        instance="k.small",
+        trace=TraceSpec(module="kernels.k", function="k", bindings=(("N", 4),)),
+        stages=(
+            StageSpec(
+                name="lir",
+                module="kiln.stages.lir",
+                options="{}",
+                code="0" * 16,
+                artifact="kernel.lir",
+            ),
+        ),  # fmt: skip
+        machine="{}",
+        build=BuildInfo(kernel="kernels/k.py", shapes="small", compiler="c"),
+    )
+    # a job from another machine carries its sources: a worker checks the stage code first
+    job = ChainJob(chain=chain, digests=(("kernels/k.py", "0" * 64),), sources=(("k.py", b""),))
+    result, pid, refused = decode_result(run_job(job.to_wire()))
+    assert result is None and pid == 0
+    assert "kiln.stages.lir" in refused and "0" * 16 in refused
+
+
+def compiled_vector_add(project):
+    """(its InstanceSpec, its out dir) after a `kiln compile vector_add` of ``project``."""
+    from doit.loader import generate_tasks
+
+    from kiln.tasks.dag.compile import compile_tasks, instance_spec
+    from kiln.tasks.model.project import Project
+    from tests.conftest import run_kiln
+
+    run_kiln(project, "compile", "vector_add", check=True)
+    found = Project(project / "pipeline.yaml")
+    (inst,) = [i for i in found.instances if i.name == "vector_add.small"]
+    (task,) = [t for t in generate_tasks("compile", compile_tasks(found, [inst])) if t.actions]
+    spec = instance_spec(task)
+    return spec, Path(spec.out_dir)
+
+
+def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_file(project):
+    import types
+
+    from kiln.driver import DECODE, Stage
+
+    _, out = compiled_vector_add(project)
+    for module, name in (
+        ("kiln.stages.trace", "graph.json"),
+        ("kiln.stages.visa", "kernel.visa"),
+        ("kiln.stages.lir", "kernel.lir"),
+        ("kiln.stages.schedule", "kernel.sched"),
+    ):
+        stage = Stage.load(module)
+        data = (out / name).read_bytes()
+        expected = stage.module.read(out / name)
+        assert stage.decode(data, name) == expected, module
+        # a stage without decode (a user's own) still works: through a file and read
+        plain = Stage(types.SimpleNamespace(read=stage.module.read), frozenset())
+        assert DECODE not in plain.capabilities
+        assert plain.decode(data, name) == expected, module
+
+
+@pytest.fixture
+def project_imports(monkeypatch):
+    """run_job imports the project's kernels in this process, as a pool worker does: undone."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.partition(".")[0] == "kernels":
+            del sys.modules[name]
+
+
+def test_a_pool_job_keeps_every_stage_the_record_vouches_for(project, project_imports):
+    from kiln.tasks.chain import chain_record
+    from kiln.tasks.chain.instance_spec import ChainJob, source_digests
+    from kiln.tasks.execution.chain_worker import decode_result, run_job
+
+    spec, out = compiled_vector_add(project)
+    known = chain_record.read(str(out))
+    assert list(known) == ["trace", "visa", "lir", "schedule", "edf"]
+    digests = tuple(sorted(source_digests(spec).items()))
+    job = ChainJob(
+        chain=spec.chain, digests=digests, root=spec.root, out_dir=spec.out_dir,
+        known=tuple(known.values()),
+    )  # fmt: skip
+    result, pid, refused = decode_result(run_job(job.to_wire()))
+    assert refused is None and pid > 0
+    # early cutoff in the worker: nothing ran, nothing to write, the same records
+    assert result.ran == [] and result.files == {}
+    assert result.records == list(known.values())
+    # with no record, the whole chain runs and makes the very bytes the build wrote
+    fresh = ChainJob(chain=spec.chain, digests=digests, root=spec.root, out_dir=spec.out_dir)
+    result, _, _ = decode_result(run_job(fresh.to_wire()))
+    assert result.ran == ["trace", "visa", "lir", "schedule", "edf"]
+    for stage in spec.chain.stages:
+        assert result.files[stage.artifact] == (out / stage.artifact).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"executor": None, "scheduler": ""}, "--scheduler is empty"),
+        ({"executor": "local", "scheduler": "tcp://h:1"}, "--executor local"),
+    ],
+)
+def test_contradictory_or_empty_executor_flags_are_errors(clean_env, flags, message):
+    import argparse
+
+    from kiln.cli.cache_commands import apply_executor_flags
+
+    with pytest.raises(KilnError) as info:
+        apply_executor_flags(argparse.Namespace(process=None, **flags))
+    assert message in info.value.message
+
+
+def test_n_zero_with_dask_is_rejected_naming_the_flag(clean_env):
+    pytest.importorskip("distributed")
+    import argparse
+
+    from kiln.cli.cache_commands import apply_executor_flags
+
+    args = argparse.Namespace(executor="dask", scheduler=None, process=0)
+    apply_executor_flags(args)
+    assert error_of().message == "-n is not a worker count"
+    args = argparse.Namespace(executor=None, scheduler=None, process=None)
+    apply_executor_flags(args)  # -n not given: the default, and args.process is 0 again
+    assert args.process == 0
+
+
+def test_dask_with_the_store_turned_off_is_accepted(clean_env):
+    # a chain's files come back from the worker directly, not through the store
+    pytest.importorskip("distributed")
+    clean_env.setenv("KILN_CACHE", "0")
+    found = resolve_executor({"kind": "dask", "address": "tcp://127.0.0.1:1"}, ".")
+    assert found is not None and found["address"] == "tcp://127.0.0.1:1"
