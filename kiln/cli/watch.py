@@ -77,7 +77,7 @@ class Watcher:
             words = ["test", *self.filters, "--target", self.target]
         else:
             words = ["compile", *self.filters]
-        return [sys.executable, "-m", "kiln.cli", *words]
+        return [sys.executable, "-m", "kiln", *words]
 
     def run_round(self, changed: Iterable[Path] = ()) -> Round:
         """Build (and test) once, as `kiln compile`/`kiln test` would; print the summary line."""
