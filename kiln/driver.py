@@ -106,8 +106,13 @@ class ChainSpec:
 
     def files(self) -> list[str]:
         """Every artifact and dump path the chain writes (side artifacts come with their stage)."""
+        return self.files_of(self.stages)
+
+    @staticmethod
+    def files_of(stages: tuple[StageSpec, ...]) -> list[str]:
+        """What a chain of ``stages`` writes, for a caller that shares them among chains."""
         out = []
-        for stage in self.stages:
+        for stage in stages:
             out.append(stage.artifact)
             out.extend(path for _, path in stage.dumps)
         return out

@@ -125,7 +125,8 @@ def _relative(path: str, directory: str) -> str:
     return os.path.relpath(path, directory)
 
 
-INDEX = "manifests.json"  # in the state dir: every instance's manifest, in one file
+INDEX = "manifests.json"  # in the state dir: every instance's file sizes and mtimes
+INDEX_FORMAT = 2  # 1 held the digests too: read as no index, and rewritten
 
 
 def forget_index(state_dir: str) -> None:
@@ -142,7 +143,7 @@ def _read_index(state_dir: str | None) -> dict[str, dict] | None:
     try:
         with open(os.path.join(state_dir, INDEX), "rb") as f:
             data = json.loads(f.read())
-        dirs = data["dirs"] if data.get("format") == FORMAT else None
+        dirs = data["dirs"] if data.get("format") == INDEX_FORMAT else None
         return dirs if isinstance(dirs, dict) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -168,77 +169,54 @@ def _then() -> str:
     return "rebuilding it" if _BUILDS[-1] else "removed it: run `kiln compile` to rebuild it"
 
 
-def drop_damaged(directories: list[str], state_dir: str | None = None) -> list[str]:
+def drop_damaged(
+    directories: list[str], state_dir: str | None = None, intact: set[str] | None = None
+) -> list[str]:
     """Remove recorded files whose bytes changed since Kiln wrote them; returns their paths.
 
     One pass over ``directories`` (each instance's out dir): a stat per
-    recorded file, a hash only when its size or mtime differ. The manifests
-    come from one index file in ``state_dir`` while no task has written
-    since it was made (a task that writes removes it), so a no-op build
-    reads one file, not one per instance.
+    recorded file, a hash only when its size or mtime differ. The sizes and
+    mtimes come from one index file in ``state_dir`` while no task has
+    written since it was made (a task that writes removes it), so a no-op
+    build reads one file, not one per instance; a directory where anything
+    moved is checked against its own manifest, digests included. ``intact``,
+    when given, receives the path of every recorded file found unchanged.
     """
     index = _read_index(state_dir)
     index_changed = index is None
     index = index or {}
-    damaged = []
+    damaged: list[str] = []
+    unchanged = intact if intact is not None else set()
+    stat = os.stat
     for directory in directories:
-        files = index.get(directory)
-        if not isinstance(files, dict):
-            files = read(directory)
-            index[directory] = files
-            index_changed = True
-        if not files:
-            continue
-        changed = False
-        for rel, entry in list(files.items()):
-            path = os.path.join(directory, rel)
-            try:
-                size, mtime, digest = entry
-            except (TypeError, ValueError):
-                del files[rel]
-                changed = True
-                continue
-            try:
-                st = os.stat(path)  # the one syscall an intact file costs
-                if st.st_size == size and st.st_mtime_ns == mtime:
-                    continue
-                if _through_symlink(directory, rel):
-                    raise FileNotFoundError(path)
-            except OSError:
-                # missing: doit rebuilds a missing target by itself, once no symlink
-                # stands in for it (a dump dir replaced by a link to elsewhere)
-                damaged.extend(_unlink_links(directory, rel))
-                continue
-            try:
-                same = file_digest(path) == digest
-            except OSError:
-                same = False
-            if same:  # touched, not changed: remember the new stat
-                files[rel] = [st.st_size, st.st_mtime_ns, digest]
-            else:
+        stats = index.get(directory)
+        if isinstance(stats, dict):
+            # the common case, in as few steps as it takes: thousands of files per no-op build
+            prefix, seen = directory + os.sep, []
+            for rel, entry in stats.items():
+                path = prefix + rel
                 try:
-                    os.unlink(path)
-                    damaged.append(path)
-                except IsADirectoryError:  # made by hand: kept aside, never deleted
-                    from kiln.statefiles import quarantine
-
-                    if (
-                        quarantine(Path(path), "a directory where Kiln wrote a file", _then())
-                        is None
-                    ):
-                        continue
+                    st = stat(path)  # the one syscall an intact file costs
                 except OSError:
-                    continue
-                del files[rel]
-            changed = True
-        if changed:
-            index_changed = True
+                    break
+                if entry != [st.st_size, st.st_mtime_ns]:
+                    break
+                seen.append(path)
+            else:
+                unchanged.update(seen)
+                continue
+        files = read(directory)
+        if _check_dir(directory, files, damaged, unchanged):
             try:
                 write(directory, files)
             except OSError:
                 pass
+        fresh = {rel: entry[:2] for rel, entry in files.items()}
+        if fresh != stats:
+            index[directory] = fresh
+            index_changed = True
     if index_changed and state_dir is not None:
-        text = json.dumps({"format": FORMAT, "dirs": index}, sort_keys=True)
+        text = json.dumps({"format": INDEX_FORMAT, "dirs": index}, sort_keys=True)
         try:
             write_bytes_atomic(os.path.join(state_dir, INDEX), text.encode())
         except OSError:
@@ -252,6 +230,53 @@ def drop_damaged(directories: list[str], state_dir: str | None = None) -> list[s
             flush=True,
         )
     return damaged
+
+
+def _check_dir(directory: str, files: dict, damaged: list[str], unchanged: set[str]) -> bool:
+    """Check one directory's recorded ``files`` (its manifest, changed in place); True if
+    the manifest changed. Damaged files are removed and listed in ``damaged``."""
+    changed = False
+    for rel, entry in list(files.items()):
+        path = os.path.join(directory, rel)
+        try:
+            size, mtime, digest = entry
+        except (TypeError, ValueError):
+            del files[rel]
+            changed = True
+            continue
+        try:
+            st = os.stat(path)
+            if st.st_size == size and st.st_mtime_ns == mtime:
+                unchanged.add(path)
+                continue
+            if _through_symlink(directory, rel):
+                raise FileNotFoundError(path)
+        except OSError:
+            # missing: doit rebuilds a missing target by itself, once no symlink
+            # stands in for it (a dump dir replaced by a link to elsewhere)
+            damaged.extend(_unlink_links(directory, rel))
+            continue
+        try:
+            same = file_digest(path) == digest
+        except OSError:
+            same = False
+        if same:  # touched, not changed: remember the new stat
+            files[rel] = [st.st_size, st.st_mtime_ns, digest]
+            unchanged.add(path)
+        else:
+            try:
+                os.unlink(path)
+                damaged.append(path)
+            except IsADirectoryError:  # made by hand: kept aside, never deleted
+                from kiln.statefiles import quarantine
+
+                if quarantine(Path(path), "a directory where Kiln wrote a file", _then()) is None:
+                    continue
+            except OSError:
+                continue
+            del files[rel]
+        changed = True
+    return changed
 
 
 def _through_symlink(directory: str, rel: str) -> bool:

@@ -24,6 +24,7 @@ from kiln.tasks.chain.chain_record import RECORD
 from kiln.tasks.chain.instance_spec import InstanceSpec
 from kiln.tasks.chain.manifest import clean_targets, drop_damaged
 from kiln.tasks.dag.chain_action import build_instance
+from kiln.tasks.dag.checkers import note_checked
 from kiln.tasks.execution import ahead
 from kiln.tasks.execution.workers import guard_worker
 from kiln.tasks.model.artifacts import instance_dumps
@@ -52,10 +53,13 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     tuning = _TuningLookup(project, tuning_file)
     chosen = list(instances if instances is not None else project.instances)
     # one pass over what earlier builds wrote: a damaged artifact is removed, so it rebuilds
-    drop_damaged([str(inst.out_dir) for inst in chosen], str(project.state_dir))
+    intact: set[str] = set()
+    drop_damaged([str(inst.out_dir) for inst in chosen], str(project.state_dir), intact)
+    sources: set[str] = set()
     out_root, state = str(project.out_dir), str(project.state_dir)
     per_kernel: dict[tuple, tuple] = {}
     stage_specs: dict[tuple, tuple[StageSpec, ...]] = {}  # shared by most instances
+    stage_files: dict[tuple, list[str]] = {}  # what those stages write, per instance dir
     specs: dict[str, InstanceSpec] = {}
     for inst in chosen:
         kernel_spec = pipeline.kernel(inst.kernel)
@@ -83,6 +87,7 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 )
                 for (stage, options, code, artifact) in stage_rows
             )
+            stage_files[stages_key] = ChainSpec.files_of(stages)
         dtype, dtypes = project.trace_dtypes(inst.kernel)
         trace = TraceSpec(
             module=inst.source.module,
@@ -92,8 +97,9 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
             default_dtype=dtype,
         )
         tuned = tuning.record(inst)
+        inst_name = inst.name
         chain = ChainSpec(
-            instance=inst.name,
+            instance=inst_name,
             trace=trace,
             stages=stages,
             machine=machine,
@@ -119,12 +125,13 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
             cache=cache,
             stage_rows=tuple(i for i, *_ in rows),
         )
-        name = f"compile:{inst.name}"
+        sources.update(spec.sources)
+        name = f"compile:{inst_name}"
         specs[name] = spec
-        targets = [f"{out_dir}/{path}" for path in chain.files()]
+        targets = [f"{out_dir}/{path}" for path in stage_files[stages_key]]
         yield {
             "basename": "compile",
-            "name": inst.name,
+            "name": inst_name,
             "actions": [(_build, [spec])],
             "file_dep": [*spec.sources, stamps.path("chain", inst_parts)],
             "targets": targets,
@@ -132,6 +139,7 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
             "clean": [(_clean, [out_dir, [*targets, f"{out_dir}/{RECORD}"], out_root, state])],
         }
     ahead.register(specs)
+    note_checked(intact, sources)
 
 
 def instance_specs(project: Project, instances: list[KernelInstance]) -> list[InstanceSpec]:

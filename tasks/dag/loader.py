@@ -13,6 +13,7 @@ from doit.loader import generate_tasks
 
 from kiln.errors import Abort, KilnError, environment_error
 from kiln.logconfig import get_logger, setup_logging, verbosity
+from kiln.tasks.dag.checkers import MD5Checker, TimestampChecker
 from kiln.tasks.dag.compile import compile_tasks
 from kiln.tasks.dag.lock import acquire
 from kiln.tasks.dag.migrate import forget_stage_tasks
@@ -41,7 +42,7 @@ def doit_config(project: Project, *, fail_fast: bool = False) -> dict:
     return {
         "dep_file": str(project.dep_file),
         "backend": "sqlite3",
-        "check_file_uptodate": "md5" if check == "md5" else "timestamp",
+        "check_file_uptodate": MD5Checker if check == "md5" else TimestampChecker,
         "reporter": _reporter_class(project),
         "default_tasks": ["compile"],
         "verbosity": 1,

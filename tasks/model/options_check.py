@@ -28,16 +28,17 @@ def check_stage_options(project: Project) -> None:
     path = os.path.join(project.state_dir, CHECKED)
     checked = _read(path)
     fresh: set[str] = set()
-    kernels = [None, *(k.name for k in pipeline.kernels)]
+    # only the kernels with options of their own: a load of thousands visits a few
+    overriding = [k for k in pipeline.kernels if k.options]
     for row, stage in enumerate(pipeline.stages):
         code = stage_module_info(stage.module)[0]
-        for kernel in kernels:
-            if kernel is None:
+        for spec in [None, *overriding]:
+            if spec is None:
                 options, key_path = dict(stage.options), f"stages[{row}].options"
             else:
-                spec = pipeline.kernel(kernel)
                 if not any(name == stage.name for name, _ in spec.options):
                     continue
+                kernel = spec.name
                 options = pipeline.stage_options(kernel, stage.name)
                 key_path = f"kernels.{kernel}.options.{stage.name}"
             digest = digest_json([stage.module, code, options])

@@ -69,7 +69,7 @@ class Project:
                 set_name,
                 tuple(bindings),
                 self.kernels[spec.name],
-                self.out_dir / spec.name / set_name,
+                self.out_dir.joinpath(spec.name, set_name),
             )
             for spec in self.pipeline.kernels
             for set_name, bindings in spec.shapes
