@@ -30,14 +30,16 @@ def unused_dims(pipeline, kernels: dict) -> list[KilnError]:
         if source is None:
             continue
         used = {d for _, dims in source.params for d in dims or () if isinstance(d, str)}
-        args = ", ".join(
-            f"{arg}[{', '.join(map(str, dims))}]" if dims else arg for arg, dims in source.params
-        )
         unused: dict[str, list[tuple[str, object]]] = {}  # dim -> (shape set, value)
         for set_name, bindings in spec.shapes:
             for dim, value in bindings:
                 if dim not in used:
                     unused.setdefault(dim, []).append((set_name, value))
+        if not unused:
+            continue  # the usual case, on every load of every kernel
+        args = ", ".join(
+            f"{arg}[{', '.join(map(str, dims))}]" if dims else arg for arg, dims in source.params
+        )
         for dim, sets in unused.items():  # one warning per dim, however many sets bind it
             set_name, value = sets[0]
             which = f"shape set {set_name!r}"

@@ -34,11 +34,15 @@ from kiln.tasks.model.project import KernelInstance, Project
 from kiln.tasks.model.tuning_key import TuningKeys
 
 
-def compile_tasks(project: Project, instances: list[KernelInstance] | None = None):
+def compile_tasks(
+    project: Project, instances: list[KernelInstance] | None = None, *, cleaning: bool = True
+):
     """Yield the doit task dicts of the compile DAG: one per kernel instance.
 
     Runs on every build, no-op ones included: everything that does not
     depend on the instance is computed once per stage or kernel, not per task.
+    ``cleaning`` False leaves out the clean actions, which only doit's
+    `clean` runs: doit makes an action object of each, on every load.
     """
     pipeline = project.pipeline
     check_stage_options(project)  # one error at its line, before anything builds
@@ -61,6 +65,8 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
     stage_specs: dict[tuple, tuple[StageSpec, ...]] = {}  # shared by most instances
     stage_files: dict[tuple, list[str]] = {}  # what those stages write, per instance dir
     specs: dict[str, InstanceSpec] = {}
+    module_sources: dict[str, tuple[str, ...]] = {}  # kernel module -> the files it reads
+    stage_indexes = tuple(i for i, *_ in rows)
     for inst in chosen:
         kernel_spec = pipeline.kernel(inst.kernel)
         # kernels without overrides of their own share everything here: work once per kind
@@ -88,13 +94,13 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
                 for (stage, options, code, artifact) in stage_rows
             )
             stage_files[stages_key] = ChainSpec.files_of(stages)
-        dtype, dtypes = project.trace_dtypes(inst.kernel)
+        source = inst.source
         trace = TraceSpec(
-            module=inst.source.module,
-            function=inst.source.name,
+            module=source.module,
+            function=source.name,
             bindings=tuple((k, int(v)) for k, v in inst.bindings),
-            dtypes=tuple(sorted(dtypes.items())),
-            default_dtype=dtype,
+            dtypes=tuple(sorted(dict(kernel_spec.dtypes).items())),
+            default_dtype=kernel_spec.dtype,
         )
         tuned = tuning.record(inst)
         inst_name = inst.name
@@ -103,7 +109,7 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
             trace=trace,
             stages=stages,
             machine=machine,
-            build=BuildInfo(kernel=inst.source.path, shapes=inst.shape_set, compiler=compiler),
+            build=BuildInfo(kernel=source.path, shapes=inst.shape_set, compiler=compiler),
             tuning=tuned,
             tools=tools,
         )
@@ -115,29 +121,36 @@ def compile_tasks(project: Project, instances: list[KernelInstance] | None = Non
         if tuned is not None:
             inst_parts["tuning"] = digest_json([tuned.graph, tuned.knobs])
         out_dir = str(inst.out_dir)
+        files = module_sources.get(source.module)
+        if files is None:
+            files = module_sources[source.module] = tuple(
+                project.discovery.source_files(source.module)
+            )
+            sources.update(files)
         spec = InstanceSpec(
             chain=chain,
             root=root,
             pipeline=pipeline_path,
             out_dir=out_dir,
             state_dir=state,
-            sources=tuple(project.discovery.source_files(inst.source.module)),
+            sources=files,
             cache=cache,
-            stage_rows=tuple(i for i, *_ in rows),
+            stage_rows=stage_indexes,
         )
-        sources.update(spec.sources)
         name = f"compile:{inst_name}"
         specs[name] = spec
         targets = [f"{out_dir}/{path}" for path in stage_files[stages_key]]
-        yield {
+        task = {
             "basename": "compile",
             "name": inst_name,
             "actions": [(_build, [spec])],
-            "file_dep": [*spec.sources, stamps.path("chain", inst_parts)],
+            "file_dep": [*files, stamps.path("chain", inst_parts)],
             "targets": targets,
-            # the chain's record goes with its artifacts (the dir is then pruned)
-            "clean": [(_clean, [out_dir, [*targets, f"{out_dir}/{RECORD}"], out_root, state])],
         }
+        if cleaning:  # the chain's record goes with its artifacts (the dir is then pruned)
+            record = f"{out_dir}/{RECORD}"
+            task["clean"] = [(_clean, [out_dir, [*targets, record], out_root, state])]
+        yield task
     ahead.register(specs)
     note_checked(intact, sources)
 

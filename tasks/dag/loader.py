@@ -107,14 +107,15 @@ def lock_for_command(project: Project, argv: list[str], *, wait: bool | None = N
     return True
 
 
-def all_task_dicts(project: Project, instances=None, groups=None):
+def all_task_dicts(project: Project, instances=None, groups=None, *, cleaning: bool = True):
     """Every task generator of the project, as (basename, generator) pairs.
 
     ``groups`` keeps only the named ones: a command that runs compile tasks
     alone need not make the test tasks (a third of a large project's load time).
+    ``cleaning`` False: no doit `clean` runs, and the compile tasks need no clean actions.
     """
     if groups is None or "compile" in groups:
-        yield "compile", compile_tasks(project, instances)
+        yield "compile", compile_tasks(project, instances, cleaning=cleaning)
     if groups is None or "test" in groups:
         try:
             from kiln.tasks.dag.test_tasks import test_tasks
@@ -160,7 +161,10 @@ class KilnLoader(TaskLoader2):
     def load_tasks(self, cmd, pos_args):
         with user_errors_abort():
             tasks = []
-            for basename, gen in all_task_dicts(self.project, self._instances, self._groups):
+            cleaning = cmd.get_name() == "clean"
+            for basename, gen in all_task_dicts(
+                self.project, self._instances, self._groups, cleaning=cleaning
+            ):
                 tasks.extend(generate_tasks(basename, gen, group_doc(basename, self.project)))
         ahead.register_tasks(tasks)  # chains are sent ahead only for tasks doit finds stale
         log.info("loaded %d tasks from %s", len(tasks), self.project.pipeline_path)
@@ -203,7 +207,9 @@ def dodo_namespace(start: Path | None = None) -> dict:
         # KILN_NO_WAIT or a bad KILN_MP_START is one message and exit 2
         lock_for_command(project, sys.argv[1:])
         ns: dict = {"DOIT_CONFIG": doit_config(project)}
-    for basename, gen in all_task_dicts(project, groups=asked_groups(sys.argv[1:])):
+    argv = sys.argv[1:]
+    cleaning = doit_command(argv) == "clean"
+    for basename, gen in all_task_dicts(project, groups=asked_groups(argv), cleaning=cleaning):
 
         def task_fn(_gen=gen):
             with exit_on_user_error():

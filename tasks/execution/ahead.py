@@ -29,8 +29,6 @@ from kiln.tasks.chain.chain_payload import source_bytes
 from kiln.tasks.chain.chain_record import read
 from kiln.tasks.chain.instance_spec import ChainJob, ExecutorSettings, InstanceSpec, source_digests
 from kiln.tasks.execution.chain_worker import decode_result
-from kiln.tasks.execution.pool import PoolExecutor
-from kiln.tasks.execution.remote_exec import ClusterLost, DaskExecutor
 
 log = get_logger("tasks")
 
@@ -95,8 +93,14 @@ class AheadPlan:
             self._give_up(str(exc))
 
     def _start(self):
+        # the executors import here: a no-op build loads this module and starts neither
+        # (concurrent.futures.process and multiprocessing cost it about 4 ms)
         if self.settings.kind == "pool":
+            from kiln.tasks.execution.pool import PoolExecutor
+
             return PoolExecutor(self.settings.workers, self.root)
+        from kiln.tasks.execution.remote_exec import DaskExecutor
+
         return DaskExecutor(self.settings)
 
     def _give_up(self, reason: str, lost: bool = False) -> None:
@@ -113,6 +117,8 @@ class AheadPlan:
         self.futures.clear()
 
     def result(self, future: Future) -> tuple[ChainResult | None, int]:
+        from kiln.tasks.execution.remote_exec import ClusterLost  # imported by _start already
+
         try:
             data = self.executor.wait(future)
         except ClusterLost as exc:

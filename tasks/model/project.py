@@ -256,9 +256,10 @@ class Project:
                     hint=did_you_mean(arg, args),
                     notes=[f"{defined_at(source)}: def {source.name}(...)"],
                 )
-        from kiln.inputs import check_kernel_inputs
+        if spec.inputs or spec.set_inputs:
+            from kiln.inputs import check_kernel_inputs
 
-        check_kernel_inputs(self.pipeline, spec, source.params, self.root)
+            check_kernel_inputs(self.pipeline, spec, source.params, self.root)
         for set_name, bindings in spec.shapes:
             self._check_sizes(spec, source, set_name, dict(bindings))
             bound = {k for k, _ in bindings}
