@@ -41,13 +41,14 @@ class AheadPlan:
         self.root = root
         self.tasks: dict = {}  # doit's Task objects by name, set by the loader
         self.specs: dict[str, InstanceSpec] = {}  # compile task name -> its spec
-        self.futures: dict[str, Future] = {}
+        # instance -> (its batch's future, its place in the batch)
+        self.futures: dict[str, tuple[Future, int]] = {}
         self.submitted = False
         self.lost = False
         self.executor = None
         self._lock = threading.Lock()
 
-    def take(self, spec: InstanceSpec, sources: dict[str, str], known) -> Future | None:
+    def take(self, spec: InstanceSpec, sources: dict[str, str], known) -> tuple[Future, int] | None:
         with self._lock:
             if not self.submitted:
                 self.submitted = True
@@ -66,10 +67,8 @@ class AheadPlan:
         except Exception as exc:
             self._give_up(f"could not start: {exc}")
             return
-        self._submit(first, sources, known)
-        if dep is None:
-            return
-        for name, spec in self.specs.items():
+        jobs = [self._job(first, sources, known)]
+        for name, spec in self.specs.items() if dep is not None else ():
             task = self.tasks.get(name)
             if spec is first or task is None:
                 continue
@@ -81,16 +80,21 @@ class AheadPlan:
                 continue
             if spec.cache is not None and _stored(spec):
                 continue  # the action writes it from the cache: nothing to build
-            self._submit(spec, source_digests(spec), read(spec.out_dir))
+            jobs.append(self._job(spec, source_digests(spec), read(spec.out_dir)))
+        size = batch_size(len(jobs), self.settings.workers)
+        for start in range(0, len(jobs), size):
+            batch = jobs[start : start + size]
+            try:
+                future = self.executor.submit([wire for _, wire in batch])
+            except Exception as exc:
+                self._give_up(str(exc))
+                return
+            for place, (instance, _) in enumerate(batch):
+                self.futures[instance] = (future, place)
 
-    def _submit(self, spec: InstanceSpec, sources: dict[str, str], known) -> None:
-        if self.lost or self.executor is None:
-            return
+    def _job(self, spec: InstanceSpec, sources: dict[str, str], known) -> tuple[str, bytes]:
         job = _job(spec, sources, known, remote=self.settings.kind == "dask")
-        try:
-            self.futures[spec.instance] = self.executor.submit(job.to_wire())
-        except Exception as exc:
-            self._give_up(str(exc))
+        return spec.instance, job.to_wire()
 
     def _start(self):
         # the executors import here: a no-op build loads this module and starts neither
@@ -112,11 +116,12 @@ class AheadPlan:
                 where = self.settings.address or "LocalCluster"
                 text = reason if lost else f"failed ({reason})"
                 warn(f"the Dask scheduler {where} {text}; building the rest locally")
-        for future in self.futures.values():
+        for future, _ in self.futures.values():
             future.cancel()
         self.futures.clear()
 
-    def result(self, future: Future) -> tuple[ChainResult | None, int]:
+    def result(self, taken: tuple[Future, int]) -> tuple[ChainResult | None, int]:
+        future, place = taken
         from kiln.tasks.execution.remote_exec import ClusterLost  # imported by _start already
 
         try:
@@ -129,7 +134,7 @@ class AheadPlan:
             with self._lock:
                 self._give_up(_reason(exc))
             return None, 0
-        result, pid, refused = decode_result(data)
+        result, pid, refused = decode_result(data[place])
         if refused is not None:
             with self._lock:
                 self._give_up(f"a worker runs different Kiln code: {refused}")
@@ -137,12 +142,18 @@ class AheadPlan:
 
     def close(self) -> None:
         with self._lock:
-            for future in self.futures.values():
+            for future, _ in self.futures.values():
                 future.cancel()
             self.futures.clear()
             executor, self.executor = self.executor, None
         if executor is not None:
             executor.close()
+
+
+def batch_size(chains: int, workers: int) -> int:
+    """Chains per executor task: at least four batches per worker, so the work still
+    spreads evenly, and at most 16 chains, so the first results come back early."""
+    return max(1, min(16, chains // (max(workers, 1) * 4)))
 
 
 def _reason(exc: BaseException) -> str:
@@ -202,10 +213,10 @@ def result_for(
     current = _plan
     if current is None or current.lost:
         return None, 0
-    future = current.take(spec, sources, known)
-    if future is None:
+    taken = current.take(spec, sources, known)
+    if taken is None:
         return None, 0
-    return current.result(future)
+    return current.result(taken)
 
 
 def finish() -> None:

@@ -11,7 +11,7 @@ import os
 import signal
 from concurrent.futures import Future, ProcessPoolExecutor
 
-from kiln.tasks.execution.chain_worker import pool_worker_setup, run_job
+from kiln.tasks.execution.chain_worker import pool_worker_setup, run_jobs
 from kiln.tasks.execution.workers import START_METHOD_ENV, guard_worker
 from kiln.tasks.model.importpath import add_project_root
 
@@ -42,17 +42,18 @@ class PoolExecutor:
             max_workers=workers, mp_context=context, initializer=_init, initargs=(root,)
         )
 
-    def submit(self, wire: bytes) -> Future:
+    def submit(self, wires: list[bytes]) -> Future:
+        """A batch of chains (``ChainJob`` bytes); its future's result lists theirs."""
         # the pool starts its workers inside submit: with Ctrl-C blocked here they are
         # born with it blocked (fork keeps the mask), so one that lands before their
         # initializer ignores it cannot print a KeyboardInterrupt traceback
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            return self.pool.submit(run_job, wire)
+            return self.pool.submit(run_jobs, wires)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
-    def wait(self, future: Future) -> bytes:
+    def wait(self, future: Future) -> list[bytes]:
         return future.result()
 
     def close(self) -> None:

@@ -52,13 +52,14 @@ class DaskExecutor:
         except Exception as exc:  # refused, timed out, a bad address: one message
             raise _connect_error(settings, exc) from None
 
-    def submit(self, wire: bytes) -> Future:
-        from kiln.tasks.execution.chain_worker import run_job
+    def submit(self, wires: list[bytes]) -> Future:
+        """A batch of chains (``ChainJob`` bytes): one Dask task, its result their list."""
+        from kiln.tasks.execution.chain_worker import run_jobs
 
-        return self.client.submit(run_job, wire, pure=False)
+        return self.client.submit(run_jobs, wires, pure=False)
 
-    def wait(self, future) -> bytes:
-        """The chain's bytes; ClusterLost when the scheduler is gone, or has had no
+    def wait(self, future) -> list[bytes]:
+        """The batch's results; ClusterLost when the scheduler is gone, or has had no
         workers, for CONNECT_TIMEOUT."""
         lost_since = idle_since = None
         while True:

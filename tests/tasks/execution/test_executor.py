@@ -271,3 +271,37 @@ def test_dask_with_the_store_turned_off_is_accepted(clean_env):
     clean_env.setenv("KILN_CACHE", "0")
     found = resolve_executor({"kind": "dask", "address": "tcp://127.0.0.1:1"}, ".")
     assert found is not None and found["address"] == "tcp://127.0.0.1:1"
+
+
+def test_chains_go_in_batches_of_a_few_per_worker():
+    from kiln.tasks.execution.ahead import batch_size
+
+    assert batch_size(1, 2) == 1
+    assert batch_size(7, 2) == 1  # too few to share: one chain per task
+    assert batch_size(80, 2) == 10  # four batches per worker at least
+    assert batch_size(1500, 2) == 16  # at most 16: the first results come back early
+    assert batch_size(100, 0) == 16
+
+
+def test_a_batch_answers_each_chain_in_its_order():
+    from kiln.driver import BuildInfo, ChainSpec, StageSpec, TraceSpec
+    from kiln.tasks.chain.instance_spec import ChainJob
+    from kiln.tasks.execution.chain_worker import decode_result, run_jobs
+
+    def job(code: str) -> bytes:
+        stage = StageSpec(
+            name="lir", module="kiln.stages.lir", options="{}", code=code, artifact="kernel.lir"
+        )
+        chain = ChainSpec(
+            instance=f"k.{code[0]}",
+            trace=TraceSpec(module="kernels.k", function="k", bindings=(("N", 4),)),
+            stages=(stage,),
+            machine="{}",
+            build=BuildInfo(kernel="kernels/k.py", shapes="small", compiler="c"),
+        )
+        sources = (("k.py", b""),)
+        return ChainJob(chain=chain, digests=(("k.py", "0" * 64),), sources=sources).to_wire()
+
+    answers = [decode_result(data)[2] for data in run_jobs([job("1" * 16), job("2" * 16)])]
+    assert len(answers) == 2
+    assert "1" * 16 in answers[0] and "2" * 16 in answers[1]
