@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.pipelines import STAGES
+
 REPO = Path(__file__).resolve().parent.parent
 
-SMALL_PIPELINE = """\
+SMALL_PIPELINE = (
+    """\
 project: e2e
 packages: [kernels]
 machine: npu-v1
@@ -27,17 +30,15 @@ kernels:
     shapes:
       small: {M: 32, K: 32, N: 32}
       wide: {M: 32, K: 64, N: 64}
-stages:
-  - {name: trace, module: kiln.stages.trace}
-  - {name: visa, module: kiln.stages.visa}
-  - {name: lir, module: kiln.stages.lir}
-  - {name: schedule, module: kiln.stages.schedule}
-  - {name: edf, module: kiln.stages.edf}
+"""
+    + STAGES
+    + """\
 targets:
   cpu: {runner: cpu}
   sim: {runner: sim, machine: npu-v1}
 machines:
 """
+)
 
 
 def machines_yaml() -> str:

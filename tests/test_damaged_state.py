@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, machines_yaml, ran_tasks, run_kiln
+from tests.support.pipelines import STAGES
 
-PIPELINE = """\
+PIPELINE = (
+    """\
 project: small
 packages: [kernels]
 machine: npu-v1
@@ -28,17 +30,15 @@ kernels:
   vector_add:
     shapes:
       small: {N: 256}
-stages:
-  - {name: trace, module: kiln.stages.trace}
-  - {name: visa, module: kiln.stages.visa}
-  - {name: lir, module: kiln.stages.lir}
-  - {name: schedule, module: kiln.stages.schedule}
-  - {name: edf, module: kiln.stages.edf}
+"""
+    + STAGES
+    + """\
 targets:
   cpu: {runner: cpu}
   sim: {runner: sim, machine: npu-v1}
 machines:
 """
+)
 DODO = "from kiln.tasks.dag.loader import dodo_namespace\n\nglobals().update(dodo_namespace())\n"
 INSTANCE = "build/kiln/kernel/vector_add/small"
 

@@ -13,8 +13,10 @@ import pytest
 
 from kiln.outputs import load_outputs
 from tests.conftest import REPO, machines_yaml, ran_tasks, run_kiln
+from tests.support.pipelines import STAGES
 
-APP_PIPELINE = """\
+APP_PIPELINE = (
+    """\
 project: apps-e2e
 packages: [kernels]
 machine: npu-v1
@@ -35,12 +37,9 @@ kernels:
       attention: {R: 16, C: 24}
   attention_scores:
     shapes: {S: 16, T: 24, D: 32}
-stages:
-  - {name: trace, module: kiln.stages.trace}
-  - {name: visa, module: kiln.stages.visa}
-  - {name: lir, module: kiln.stages.lir}
-  - {name: schedule, module: kiln.stages.schedule}
-  - {name: edf, module: kiln.stages.edf}
+"""
+    + STAGES
+    + """\
 targets:
   cpu: {runner: cpu}
   sim: {runner: sim, machine: npu-v1}
@@ -60,6 +59,7 @@ apps:
     module: apps.boom
 machines:
 """
+)
 MLP_INSTANCES = {"gemm.mlp", "gemm.attention", "gemm_bias_relu.default"}
 MLP_INSTANCES |= {"softmax.mlp", "softmax.attention"}
 HAS_IREE = importlib.util.find_spec("iree") is not None and (

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import machines_yaml, run_kiln
+from tests.support.pipelines import STAGES
 
 KERNELS = """\
 from kiln import Tensor, device
@@ -39,7 +40,8 @@ def fixed(x: Tensor[8]):
     return x + 1.0
 """
 
-PIPELINE = """\
+PIPELINE = (
+    """\
 project: fuzzing
 packages: [kernels]
 machine: npu-v1
@@ -54,17 +56,15 @@ kernels:
     fuzz: {N: [1, 12]}
   fixed:
     shapes: {N: 8}
-stages:
-  - {name: trace, module: kiln.stages.trace}
-  - {name: visa, module: kiln.stages.visa}
-  - {name: lir, module: kiln.stages.lir}
-  - {name: schedule, module: kiln.stages.schedule}
-  - {name: edf, module: kiln.stages.edf}
+"""
+    + STAGES
+    + """\
 targets:
   cpu: {runner: cpu}
   sim: {runner: sim}
 machines:
 """
+)
 
 SUMMARY = re.compile(
     r"^fuzz: (\d+) bindings, (\d+) passed, (\d+) failed, (\d+) skipped \(seed (\d+)\)$", re.M
