@@ -95,12 +95,13 @@ def compile_tasks(
             )
             stage_files[stages_key] = ChainSpec.files_of(stages)
         source = inst.source
+        dtype, dtypes = project.trace_dtypes(inst.kernel)
         trace = TraceSpec(
             module=source.module,
             function=source.name,
             bindings=tuple((k, int(v)) for k, v in inst.bindings),
-            dtypes=tuple(sorted(dict(kernel_spec.dtypes).items())),
-            default_dtype=kernel_spec.dtype,
+            dtypes=tuple(sorted(dtypes.items())),
+            default_dtype=dtype,
         )
         tuned = tuning.record(inst)
         inst_name = inst.name
