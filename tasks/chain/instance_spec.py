@@ -1,8 +1,9 @@
 """What a compile task hands its action: one kernel instance, typed and frozen.
 
 The ``ChainSpec`` (kiln/driver.py) is what decides the bytes; the rest
-says where the instance lives and how the build runs it. ``JobWire`` is
-the one conversion to the bytes a worker receives.
+says where the instance lives and how the build runs it. ``ChainJob``'s
+wire forms (one job, a batch) are the one conversion to the bytes a
+worker receives.
 """
 
 from __future__ import annotations
@@ -62,29 +63,59 @@ class ChainJob:
     sources: tuple[tuple[str, bytes], ...] = ()
 
     def to_wire(self) -> bytes:
-        return msgpack.packb(
-            {
-                "chain": chain_dict(self.chain),
-                "digests": [list(d) for d in self.digests],
-                "root": self.root,
-                "out_dir": self.out_dir,
-                "known": [[r.name, r.key, r.digest, list(r.files)] for r in self.known],
-                "sources": [list(s) for s in self.sources],
-            },
-            use_bin_type=True,
-        )
+        return msgpack.packb(self._row([list(s) for s in self.sources]), use_bin_type=True)
 
     @staticmethod
     def from_wire(data: bytes) -> ChainJob:
-        d = msgpack.unpackb(data, raw=False)
+        row = msgpack.unpackb(data, raw=False)
+        return ChainJob._from_row(row, [(rel, content) for rel, content in row["sources"]])
+
+    def _row(self, sources: list) -> dict:
+        return {
+            "chain": chain_dict(self.chain),
+            "digests": [list(d) for d in self.digests],
+            "root": self.root,
+            "out_dir": self.out_dir,
+            "known": [[r.name, r.key, r.digest, list(r.files)] for r in self.known],
+            "sources": sources,
+        }
+
+    @staticmethod
+    def _from_row(d: dict, sources: list[tuple[str, bytes]]) -> ChainJob:
         return ChainJob(
             chain=chain_from_dict(d["chain"]),
             digests=tuple((k, v) for k, v in d["digests"]),
             root=d["root"],
             out_dir=d["out_dir"],
             known=tuple(StageRecord(n, k, g, tuple(f)) for n, k, g, f in d["known"]),
-            sources=tuple((k, v) for k, v in d["sources"]),
+            sources=tuple(sources),
         )
+
+
+def batch_to_wire(jobs: list[ChainJob]) -> bytes:
+    """Several jobs as one message, each distinct source file in it once.
+
+    Every instance of a kernel module sends that module: a project of
+    1,500 kernels in one 200 KB file sent it 1,500 times, 300 MB through
+    the scheduler. The same file's bytes are one object (chain_payload's
+    ``source_bytes``), so keying by them hashes each file once.
+    """
+    blobs: dict[bytes, int] = {}
+    rows = [
+        job._row([[rel, blobs.setdefault(content, len(blobs))] for rel, content in job.sources])
+        for job in jobs
+    ]
+    return msgpack.packb({"blobs": list(blobs), "jobs": rows}, use_bin_type=True)
+
+
+def batch_from_wire(data: bytes) -> list[ChainJob]:
+    """The jobs of ``batch_to_wire``; jobs that sent one file share one bytes object."""
+    batch = msgpack.unpackb(data, raw=False)
+    blobs = batch["blobs"]
+    return [
+        ChainJob._from_row(row, [(rel, blobs[index]) for rel, index in row["sources"]])
+        for row in batch["jobs"]
+    ]
 
 
 def source_digests(spec: InstanceSpec) -> dict[str, str]:

@@ -27,7 +27,13 @@ from kiln.errors import KilnError
 from kiln.logconfig import get_logger, warn
 from kiln.tasks.chain.chain_payload import source_bytes
 from kiln.tasks.chain.chain_record import read
-from kiln.tasks.chain.instance_spec import ChainJob, ExecutorSettings, InstanceSpec, source_digests
+from kiln.tasks.chain.instance_spec import (
+    ChainJob,
+    ExecutorSettings,
+    InstanceSpec,
+    batch_to_wire,
+    source_digests,
+)
 from kiln.tasks.execution.chain_worker import decode_result
 
 log = get_logger("tasks")
@@ -41,14 +47,14 @@ class AheadPlan:
         self.root = root
         self.tasks: dict = {}  # doit's Task objects by name, set by the loader
         self.specs: dict[str, InstanceSpec] = {}  # compile task name -> its spec
-        # instance -> (its batch's future, its place in the batch)
-        self.futures: dict[str, tuple[Future, int]] = {}
+        # instance -> (its batch, its place in the batch)
+        self.futures: dict[str, tuple[Batch, int]] = {}
         self.submitted = False
         self.lost = False
         self.executor = None
         self._lock = threading.Lock()
 
-    def take(self, spec: InstanceSpec, sources: dict[str, str], known) -> tuple[Future, int] | None:
+    def take(self, spec: InstanceSpec, sources: dict[str, str], known) -> tuple[Batch, int] | None:
         with self._lock:
             if not self.submitted:
                 self.submitted = True
@@ -85,16 +91,15 @@ class AheadPlan:
         for start in range(0, len(jobs), size):
             batch = jobs[start : start + size]
             try:
-                future = self.executor.submit([wire for _, wire in batch])
+                submitted = Batch(self.executor.submit(batch_to_wire([job for _, job in batch])))
             except Exception as exc:
                 self._give_up(str(exc))
                 return
             for place, (instance, _) in enumerate(batch):
-                self.futures[instance] = (future, place)
+                self.futures[instance] = (submitted, place)
 
-    def _job(self, spec: InstanceSpec, sources: dict[str, str], known) -> tuple[str, bytes]:
-        job = _job(spec, sources, known, remote=self.settings.kind == "dask")
-        return spec.instance, job.to_wire()
+    def _job(self, spec: InstanceSpec, sources: dict[str, str], known) -> tuple[str, ChainJob]:
+        return spec.instance, _job(spec, sources, known, remote=self.settings.kind == "dask")
 
     def _start(self):
         # the executors import here: a no-op build loads this module and starts neither
@@ -116,16 +121,16 @@ class AheadPlan:
                 where = self.settings.address or "LocalCluster"
                 text = reason if lost else f"failed ({reason})"
                 warn(f"the Dask scheduler {where} {text}; building the rest locally")
-        for future, _ in self.futures.values():
-            future.cancel()
+        for batch, _ in self.futures.values():
+            batch.future.cancel()
         self.futures.clear()
 
-    def result(self, taken: tuple[Future, int]) -> tuple[ChainResult | None, int]:
-        future, place = taken
+    def result(self, taken: tuple[Batch, int]) -> tuple[ChainResult | None, int]:
+        batch, place = taken
         from kiln.tasks.execution.remote_exec import ClusterLost  # imported by _start already
 
         try:
-            data = self.executor.wait(future)
+            data = batch.take(place, self.executor.wait)
         except ClusterLost as exc:
             with self._lock:
                 self._give_up(str(exc), lost=True)
@@ -134,7 +139,7 @@ class AheadPlan:
             with self._lock:
                 self._give_up(_reason(exc))
             return None, 0
-        result, pid, refused = decode_result(data[place])
+        result, pid, refused = decode_result(data)
         if refused is not None:
             with self._lock:
                 self._give_up(f"a worker runs different Kiln code: {refused}")
@@ -142,12 +147,35 @@ class AheadPlan:
 
     def close(self) -> None:
         with self._lock:
-            for future, _ in self.futures.values():
-                future.cancel()
+            for batch, _ in self.futures.values():
+                batch.future.cancel()
             self.futures.clear()
             executor, self.executor = self.executor, None
         if executor is not None:
             executor.close()
+
+
+class Batch:
+    """Chains sent as one executor task: their results are fetched once, for all of them.
+
+    A Dask future's ``result()`` fetches the task's whole result from the
+    worker on every call: asked once per chain, a batch of 16 crossed the
+    wire 16 times, and the build spent longer reading results than the
+    workers spent making them.
+    """
+
+    __slots__ = ("future", "results")
+
+    def __init__(self, future: Future):
+        self.future = future
+        self.results: list[bytes | None] | None = None
+
+    def take(self, place: int, wait) -> bytes:
+        """The result of the chain at ``place``; ``wait(future)`` fetches the batch's."""
+        if self.results is None:
+            self.results = list(wait(self.future))
+        data, self.results[place] = self.results[place], None  # each is taken once
+        return data
 
 
 def batch_size(chains: int, workers: int) -> int:

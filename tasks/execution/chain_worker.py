@@ -32,25 +32,34 @@ WORKER_NICENESS = 10  # a LocalCluster's workers below the build process (see da
 _sources_root: Path | None = None  # where the imported project modules' files are
 _sources_digest: str | None = None
 _sources_names: set[str] = set()
+_sources_sent: tuple[tuple[str, bytes], ...] = ()  # the files (their very objects) last used
 
 
-def run_jobs(wires: list[bytes]) -> list[bytes]:
-    """Run a batch of chains, one after the other: one executor task for several chains
-    of a few milliseconds each, whose scheduling would otherwise cost as much as they do."""
-    return [run_job(wire) for wire in wires]
+def run_jobs(wire: bytes) -> list[bytes]:
+    """Run a batch of chains (``batch_to_wire``'s bytes), one after the other: one
+    executor task for several chains of a few milliseconds each, whose scheduling
+    would otherwise cost as much as they do. Their results, in order."""
+    from kiln.tasks.chain.instance_spec import batch_from_wire
+
+    return [run_chain_job(job) for job in batch_from_wire(wire)]
 
 
 def run_job(wire: bytes) -> bytes:
-    """Run one chain (a ``ChainJob``'s bytes); its result as bytes (``encode_result``).
+    """Run one chain from a ``ChainJob``'s bytes (``run_chain_job``)."""
+    from kiln.tasks.chain.instance_spec import ChainJob
+
+    return run_chain_job(ChainJob.from_wire(wire))
+
+
+def run_chain_job(job) -> bytes:
+    """Run one ``ChainJob``; its result as bytes (``encode_result``).
 
     A worker whose stage code differs from the client's refuses the chain;
     a chain that fails is answered ``failed``: its client builds it again
     locally and reports exactly as a local build does.
     """
-    from kiln.tasks.chain.instance_spec import ChainJob
     from kiln.tasks.model.digest import stage_module_info
 
-    job = ChainJob.from_wire(wire)
     if job.sources:
         for stage in job.chain.stages:
             mine = stage_module_info(stage.module)[0]
@@ -61,7 +70,7 @@ def run_job(wire: bytes) -> bytes:
     with _chain_lock:
         try:
             if job.sources:
-                _use_sources(dict(job.sources))
+                _use_sources(job.sources)
                 result = run_chain(job.chain, dict(job.digests))
             else:
                 from kiln.tasks.model.importpath import add_project_root
@@ -158,13 +167,17 @@ def warm_up(modules: list[str]) -> None:
             pass
 
 
-def _use_sources(sources: dict[str, bytes]) -> Path:
-    """The directory holding exactly ``sources``, first on sys.path, its modules importable."""
-    global _sources_root, _sources_digest, _sources_names
+def _use_sources(files: tuple[tuple[str, bytes], ...]) -> Path:
+    """The directory holding exactly ``files``, first on sys.path, its modules importable."""
+    global _sources_root, _sources_digest, _sources_names, _sources_sent
+    if _sources_root is not None and _same_objects(files, _sources_sent):
+        return _sources_root  # the jobs of one batch share the bytes: no need to hash them
+    sources = dict(files)
     digest = hashlib.sha256()
     for rel in sorted(sources):
         digest.update(rel.encode() + b"\0" + hashlib.sha256(sources[rel]).digest())
     wanted = digest.hexdigest()
+    _sources_sent = files
     if wanted == _sources_digest and _sources_root is not None:
         return _sources_root
     _forget_sources()
@@ -179,6 +192,12 @@ def _use_sources(sources: dict[str, bytes]) -> Path:
     importlib.invalidate_caches()
     _sources_root, _sources_digest = root, wanted
     return root
+
+
+def _same_objects(files, sent) -> bool:
+    return len(files) == len(sent) and all(
+        a[0] == b[0] and a[1] is b[1] for a, b in zip(files, sent, strict=True)
+    )
 
 
 def _forget_sources() -> None:

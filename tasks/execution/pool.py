@@ -42,14 +42,14 @@ class PoolExecutor:
             max_workers=workers, mp_context=context, initializer=_init, initargs=(root,)
         )
 
-    def submit(self, wires: list[bytes]) -> Future:
-        """A batch of chains (``ChainJob`` bytes); its future's result lists theirs."""
+    def submit(self, wire: bytes) -> Future:
+        """A batch of chains (``batch_to_wire``'s bytes); its future's result lists theirs."""
         # the pool starts its workers inside submit: with Ctrl-C blocked here they are
         # born with it blocked (fork keeps the mask), so one that lands before their
         # initializer ignores it cannot print a KeyboardInterrupt traceback
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            return self.pool.submit(run_jobs, wires)
+            return self.pool.submit(run_jobs, wire)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 

@@ -52,11 +52,11 @@ class DaskExecutor:
         except Exception as exc:  # refused, timed out, a bad address: one message
             raise _connect_error(settings, exc) from None
 
-    def submit(self, wires: list[bytes]) -> Future:
-        """A batch of chains (``ChainJob`` bytes): one Dask task, its result their list."""
+    def submit(self, wire: bytes) -> Future:
+        """A batch of chains (``batch_to_wire``'s bytes): one Dask task, its result their list."""
         from kiln.tasks.execution.chain_worker import run_jobs
 
-        return self.client.submit(run_jobs, wires, pure=False)
+        return self.client.submit(run_jobs, wire, pure=False)
 
     def wait(self, future) -> list[bytes]:
         """The batch's results; ClusterLost when the scheduler is gone, or has had no

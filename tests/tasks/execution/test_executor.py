@@ -285,10 +285,10 @@ def test_chains_go_in_batches_of_a_few_per_worker():
 
 def test_a_batch_answers_each_chain_in_its_order():
     from kiln.driver import BuildInfo, ChainSpec, StageSpec, TraceSpec
-    from kiln.tasks.chain.instance_spec import ChainJob
+    from kiln.tasks.chain.instance_spec import ChainJob, batch_to_wire
     from kiln.tasks.execution.chain_worker import decode_result, run_jobs
 
-    def job(code: str) -> bytes:
+    def job(code: str) -> ChainJob:
         stage = StageSpec(
             name="lir", module="kiln.stages.lir", options="{}", code=code, artifact="kernel.lir"
         )
@@ -300,8 +300,54 @@ def test_a_batch_answers_each_chain_in_its_order():
             build=BuildInfo(kernel="kernels/k.py", shapes="small", compiler="c"),
         )
         sources = (("k.py", b""),)
-        return ChainJob(chain=chain, digests=(("k.py", "0" * 64),), sources=sources).to_wire()
+        return ChainJob(chain=chain, digests=(("k.py", "0" * 64),), sources=sources)
 
-    answers = [decode_result(data)[2] for data in run_jobs([job("1" * 16), job("2" * 16)])]
+    wire = batch_to_wire([job("1" * 16), job("2" * 16)])
+    answers = [decode_result(data)[2] for data in run_jobs(wire)]
     assert len(answers) == 2
     assert "1" * 16 in answers[0] and "2" * 16 in answers[1]
+
+
+def test_a_batch_carries_each_source_file_once():
+    """Every instance of a module sends it: the batch holds its bytes once, shared again."""
+    from kiln.driver import BuildInfo, ChainSpec, TraceSpec
+    from kiln.tasks.chain.instance_spec import ChainJob, batch_from_wire, batch_to_wire
+
+    module = b"# kernels\n" * 20_000  # 200 KB, as a module of many kernels
+    other = b"# another module\n"
+
+    def job(name: str, files) -> ChainJob:
+        chain = ChainSpec(
+            instance=name,
+            trace=TraceSpec(module="kernels.k", function=name, bindings=(("N", 4),)),
+            stages=(),
+            machine="{}",
+            build=BuildInfo(kernel="kernels/k.py", shapes="small", compiler="c"),
+        )
+        return ChainJob(chain=chain, digests=(("kernels/k.py", "0" * 64),), sources=files)
+
+    jobs = [job(f"k{i}", (("kernels/k.py", module),)) for i in range(16)]
+    jobs.append(job("o", (("kernels/k.py", module), ("kernels/o.py", other))))
+    wire = batch_to_wire(jobs)
+    assert len(wire) < len(module) + 16 * 1024  # not 17 copies
+    back = batch_from_wire(wire)
+    assert [j.chain.instance for j in back] == [j.chain.instance for j in jobs]
+    assert [j.sources for j in back] == [j.sources for j in jobs]
+    assert all(j.sources[0][1] is back[0].sources[0][1] for j in back)
+    assert back[-1].sources[1] == ("kernels/o.py", other)
+
+
+def test_a_batch_result_is_fetched_once_for_all_its_chains():
+    """A Dask future fetches its result on every call: the batch asks once."""
+    from kiln.tasks.execution.ahead import Batch
+
+    fetched = []
+
+    def wait(future):
+        fetched.append(future)
+        return [b"a", b"b", b"c"]
+
+    batch = Batch(future="f")
+    assert [batch.take(place, wait) for place in (2, 0, 1)] == [b"c", b"a", b"b"]
+    assert fetched == ["f"]
+    assert batch.results == [None, None, None]  # each result is let go once taken
