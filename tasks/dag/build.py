@@ -90,7 +90,7 @@ def compile_instances(
     if settings is None and jobs > 1:
         settings = ExecutorSettings(kind="pool", workers=jobs)
     if settings is not None:
-        ahead.start(settings, str(project.root))
+        ahead.start(settings, str(project.root), first_build=not project.dep_file.exists())
     try:
         rc = run_doit(
             project, ["run", *names], fail_fast=fail_fast, instances=instances, groups=("compile",)

@@ -37,6 +37,7 @@ from kiln.tasks.chain.instance_spec import (
 from kiln.tasks.execution.chain_worker import decode_result
 
 log = get_logger("tasks")
+CLOSE_WAIT = 30  # seconds a finished build waits for a LocalCluster still starting
 
 
 class AheadPlan:
@@ -49,8 +50,13 @@ class AheadPlan:
         self.specs: dict[str, InstanceSpec] = {}  # compile task name -> its spec
         # instance -> (its batch, its place in the batch)
         self.futures: dict[str, tuple[Batch, int]] = {}
+        # while a LocalCluster starts: the stale instances waiting for it, in doit's order
+        self.waiting: dict[str, InstanceSpec] | None = None
         self.submitted = False
         self.lost = False
+        self.closed = False
+        self.starting: threading.Thread | None = None  # a LocalCluster starting (start_early)
+        self.start_error: str | None = None
         self.executor = None
         self._lock = threading.Lock()
 
@@ -58,22 +64,61 @@ class AheadPlan:
         with self._lock:
             if not self.submitted:
                 self.submitted = True
-                self._submit_stale(spec, sources, known)
+                stale = self._stale(spec)
+                if self.starting is None and self.local_cluster:
+                    self.start_early()
+                if self.starting is None:  # a pool, or a scheduler of the user's: start now
+                    self._start_now()
+                elif self.start_error is not None:
+                    self._give_up(f"could not start: {self.start_error}")
+                    return None
+                elif self.executor is None:  # the LocalCluster is still starting
+                    self.waiting = {s.instance: s for s in stale}
+                    return None  # this chain builds here meanwhile
+                self._submit([(spec, sources, known), *((s, None, None) for s in stale)])
+            elif self.waiting is not None:
+                self.waiting.pop(spec.instance, None)  # its turn came first: it builds here
+                return None
             return self.futures.pop(spec.instance, None)
 
-    def _submit_stale(self, first: InstanceSpec, sources, known) -> None:
-        """Submit the chains of every stale compile task, in doit's order, ``first`` first."""
-        dep = doit.Globals.dep_manager
+    @property
+    def local_cluster(self) -> bool:
+        return self.settings.kind == "dask" and not self.settings.address
+
+    def start_early(self) -> None:
+        """Start the LocalCluster on a thread: the build goes on meanwhile.
+
+        Starting one costs about a second of CPU (Dask's imports, the workers'
+        processes). Chains whose turn comes before it is up build here. A
+        first build starts it before doit loads the tasks: loading keeps one
+        core busy, and the cluster starts on the other.
+        """
+        self.starting = threading.Thread(target=self._start_in_background, daemon=True)
+        self.starting.start()
+
+    def _start_in_background(self) -> None:
         try:
-            self.executor = self._start()
-        except KilnError as err:
-            # one error, to the first action; every other chain builds here without a word
-            self.lost = True
-            raise err from None
-        except Exception as exc:
-            self._give_up(f"could not start: {exc}")
+            executor = self._start()
+        except Exception as exc:  # a KilnError too: the build goes on here, with one warning
+            with self._lock:
+                self.start_error = _reason(exc)
+                if self.submitted:
+                    self.waiting = None
+                    self._give_up(f"could not start: {self.start_error}")
             return
-        jobs = [self._job(first, sources, known)]
+        with self._lock:
+            if self.closed:  # the build ended (or was interrupted) meanwhile
+                executor.close()
+                return
+            self.executor = executor
+            if self.waiting is not None:
+                waiting, self.waiting = self.waiting, None
+                self._submit([(spec, None, None) for spec in waiting.values()])
+
+    def _stale(self, first: InstanceSpec) -> list[InstanceSpec]:
+        """Every other stale compile task's spec, in doit's order: what the executor builds."""
+        dep = doit.Globals.dep_manager
+        stale = []
         for name, spec in self.specs.items() if dep is not None else ():
             task = self.tasks.get(name)
             if spec is first or task is None:
@@ -86,10 +131,27 @@ class AheadPlan:
                 continue
             if spec.cache is not None and _stored(spec):
                 continue  # the action writes it from the cache: nothing to build
-            jobs.append(self._job(spec, source_digests(spec), read(spec.out_dir)))
-        size = batch_size(len(jobs), self.settings.workers)
-        for start in range(0, len(jobs), size):
-            batch = jobs[start : start + size]
+            stale.append(spec)
+        return stale
+
+    def _start_now(self) -> None:
+        try:
+            self.executor = self._start()
+        except KilnError as err:
+            # one error, to the first action; every other chain builds here without a word
+            self.lost = True
+            raise err from None
+        except Exception as exc:
+            self._give_up(f"could not start: {exc}")
+
+    def _submit(self, chains: list) -> None:
+        """Send ``chains`` ((spec, sources, known); None: read them now) in batches."""
+        if self.executor is None:
+            return
+        jobs = [self._job(spec, sources, known) for spec, sources, known in chains]
+        start = 0
+        for size in batch_sizes(len(jobs), self.settings.workers):
+            batch, start = jobs[start : start + size], start + size
             try:
                 submitted = Batch(self.executor.submit(batch_to_wire([job for _, job in batch])))
             except Exception as exc:
@@ -98,7 +160,10 @@ class AheadPlan:
             for place, (instance, _) in enumerate(batch):
                 self.futures[instance] = (submitted, place)
 
-    def _job(self, spec: InstanceSpec, sources: dict[str, str], known) -> tuple[str, ChainJob]:
+    def _job(self, spec: InstanceSpec, sources, known) -> tuple[str, ChainJob]:
+        """(instance, job); ``sources`` None: its digests and records are read now."""
+        if sources is None:
+            sources, known = source_digests(spec), read(spec.out_dir)
         return spec.instance, _job(spec, sources, known, remote=self.settings.kind == "dask")
 
     def _start(self):
@@ -146,7 +211,11 @@ class AheadPlan:
         return result, pid
 
     def close(self) -> None:
+        starting = self.starting
+        if starting is not None:  # let it finish starting: it closes what it started
+            starting.join(CLOSE_WAIT)
         with self._lock:
+            self.closed = True
             for batch, _ in self.futures.values():
                 batch.future.cancel()
             self.futures.clear()
@@ -178,10 +247,19 @@ class Batch:
         return data
 
 
-def batch_size(chains: int, workers: int) -> int:
-    """Chains per executor task: at least four batches per worker, so the work still
-    spreads evenly, and at most 16 chains, so the first results come back early."""
-    return max(1, min(16, chains // (max(workers, 1) * 4)))
+MAX_BATCH = 64  # chains per executor task at most
+
+
+def batch_sizes(chains: int, workers: int) -> list[int]:
+    """How many chains each executor task takes, in order: large while many are left
+    (each task costs a round trip through the scheduler), smaller towards the end,
+    each at most a quarter of what is left per worker, so the workers finish together."""
+    sizes, left = [], chains
+    while left > 0:
+        size = max(1, min(MAX_BATCH, left // (max(workers, 1) * 4)))
+        sizes.append(size)
+        left -= size
+    return sizes
 
 
 def _reason(exc: BaseException) -> str:
@@ -211,10 +289,17 @@ def _job(spec: InstanceSpec, sources: dict[str, str], known, *, remote: bool) ->
 _plan: AheadPlan | None = None
 
 
-def start(settings: ExecutorSettings, root: str) -> AheadPlan:
-    """Send chains ahead for this build (Kiln's build command only)."""
+def start(settings: ExecutorSettings, root: str, *, first_build: bool = False) -> AheadPlan:
+    """Send chains ahead for this build (Kiln's build command only).
+
+    ``first_build``: nothing was built in this state yet, so every chain is
+    stale: a LocalCluster starts at once rather than at the first stale
+    chain. (Started on every build, it cost a no-op build most of a second.)
+    """
     global _plan
     _plan = AheadPlan(settings, root)
+    if first_build and _plan.local_cluster:
+        _plan.start_early()
     return _plan
 
 

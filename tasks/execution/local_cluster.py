@@ -58,6 +58,9 @@ def fork_workers_from_a_server() -> None:
     from distributed.utils import get_mp_context
 
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    # a worker samples its own stacks every 10 ms for the dashboard, which a build
+    # never shows: that costs each 5 ms chain (the nannies pass this on to the workers)
+    dask.config.set({"distributed.worker.profile.enabled": False})
     get_mp_context().set_forkserver_preload(list(FORKSERVER_PRELOAD))
 
 

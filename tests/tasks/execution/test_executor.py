@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import threading
 from pathlib import Path
 
 import pytest
@@ -273,14 +274,20 @@ def test_dask_with_the_store_turned_off_is_accepted(clean_env):
     assert found is not None and found["address"] == "tcp://127.0.0.1:1"
 
 
-def test_chains_go_in_batches_of_a_few_per_worker():
-    from kiln.tasks.execution.ahead import batch_size
+def test_chains_go_in_batches_large_first_smaller_towards_the_end():
+    from kiln.tasks.execution.ahead import MAX_BATCH, batch_sizes
 
-    assert batch_size(1, 2) == 1
-    assert batch_size(7, 2) == 1  # too few to share: one chain per task
-    assert batch_size(80, 2) == 10  # four batches per worker at least
-    assert batch_size(1500, 2) == 16  # at most 16: the first results come back early
-    assert batch_size(100, 0) == 16
+    assert batch_sizes(0, 2) == []
+    assert batch_sizes(1, 2) == [1]
+    assert batch_sizes(7, 2) == [1] * 7  # too few to share: one chain per task
+    assert batch_sizes(80, 2)[:3] == [10, 8, 7]  # a quarter of what is left per worker
+    sizes = batch_sizes(1500, 2)
+    assert sum(sizes) == 1500
+    assert sizes[0] == MAX_BATCH  # a round trip per task: large while many are left
+    assert sizes == sorted(sizes, reverse=True)
+    assert sizes[-8:] == [1] * 8  # the workers finish together
+    assert len(sizes) < 100
+    assert sum(batch_sizes(100, 0)) == 100
 
 
 def test_a_batch_answers_each_chain_in_its_order():
@@ -351,3 +358,90 @@ def test_a_batch_result_is_fetched_once_for_all_its_chains():
     assert [batch.take(place, wait) for place in (2, 0, 1)] == [b"c", b"a", b"b"]
     assert fetched == ["f"]
     assert batch.results == [None, None, None]  # each result is let go once taken
+
+
+class _SlowStart:
+    """An executor whose start waits for the test: what a LocalCluster starting looks like."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.submitted: list[list[str]] = []
+        self.futures: list = []
+        self.closed = False
+
+    def start(self):
+        assert self.release.wait(10)
+        return self
+
+    def submit(self, jobs):
+        from concurrent.futures import Future
+
+        self.submitted.append([spec.instance for spec in jobs])
+        self.futures.append(Future())
+        return self.futures[-1]
+
+    def close(self):
+        self.closed = True
+
+
+def _plan_with(monkeypatch, fake, stale):
+    from types import SimpleNamespace
+
+    from kiln.tasks.chain.instance_spec import ExecutorSettings
+    from kiln.tasks.execution import ahead
+
+    plan = ahead.AheadPlan(ExecutorSettings(kind="dask", workers=2), "/project")
+    monkeypatch.setattr(plan, "_start", fake.start)
+    monkeypatch.setattr(plan, "_stale", lambda first: stale)
+    monkeypatch.setattr(plan, "_job", lambda spec, sources, known: (spec.instance, spec))
+    monkeypatch.setattr(ahead, "batch_to_wire", lambda jobs: jobs)
+    specs = {name: SimpleNamespace(instance=name) for name in ("a", "b", "c", "d")}
+    return plan, specs
+
+
+def test_chains_build_here_while_the_local_cluster_starts(monkeypatch):
+    """The first stale chain starts the LocalCluster on a thread; chains whose turn
+    comes before it is up build here, and the rest go to it."""
+    fake = _SlowStart()
+    plan, specs = _plan_with(monkeypatch, fake, [])
+    monkeypatch.setattr(plan, "_stale", lambda first: [specs["b"], specs["c"], specs["d"]])
+    assert plan.take(specs["a"], {}, {}) is None  # built here: the cluster is starting
+    assert plan.take(specs["b"], {}, {}) is None  # its turn came first: built here too
+    fake.release.set()
+    plan.starting.join(10)
+    assert fake.submitted == [["c"], ["d"]]  # only what is still waiting goes to the cluster
+    batch, place = plan.take(specs["d"], {}, {})
+    assert (batch.future, place) == (fake.futures[1], 0)
+    plan.close()
+    assert fake.closed
+
+
+def test_a_local_cluster_started_early_takes_every_chain_once_up(monkeypatch):
+    fake = _SlowStart()
+    plan, specs = _plan_with(monkeypatch, fake, [])
+    monkeypatch.setattr(plan, "_stale", lambda first: [specs["b"]])
+    plan.start_early()  # a first build: before doit has loaded the tasks
+    fake.release.set()
+    plan.starting.join(10)
+    batch, place = plan.take(specs["a"], {}, {})
+    assert fake.submitted == [["a"], ["b"]] and (batch.future, place) == (fake.futures[0], 0)
+    plan.close()
+
+
+def test_a_local_cluster_that_cannot_start_is_one_warning_and_a_local_build(monkeypatch, capfd):
+    fake = _SlowStart()
+    plan, specs = _plan_with(monkeypatch, fake, [])
+
+    def refuse():
+        raise OSError("no room for workers")
+
+    monkeypatch.setattr(plan, "_start", refuse)
+    plan.start_early()
+    plan.starting.join(10)
+    assert capfd.readouterr().err == ""  # nothing to build yet: nothing said
+    assert plan.take(specs["a"], {}, {}) is None
+    assert plan.lost
+    assert plan.take(specs["b"], {}, {}) is None
+    err = capfd.readouterr().err
+    assert err.count("warning") == 1 and "no room for workers" in err, err
+    plan.close()
