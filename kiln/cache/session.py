@@ -33,11 +33,14 @@ class CacheSession:
                 breaker_dir=config.local_dir,
             )
         self.warned_unwritable = False
+        self._unkept: dict[str, dict[str, str]] = {}  # fetched, not yet kept: their digests
 
-    def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
+    def lookup(self, key: str, *, keep: bool = True) -> tuple[dict[str, bytes] | None, str]:
         """(outputs, how): from the local store (hit), the remote (fetched), or None.
 
-        A fetched action is kept in the local store, verified (never hashed again).
+        A fetched action is kept in the local store, verified (never hashed
+        again); with ``keep`` False only once the caller has written its
+        files and calls ``keep_fetched``, so that the blobs can be links to them.
         """
         found = self.local.lookup(key)
         if found is not None:
@@ -45,13 +48,31 @@ class CacheSession:
         if self.remote is not None:
             fetched = self.remote.lookup_verified(key)
             if fetched is not None:
-                self._keep(key, *fetched)
+                if keep:
+                    self._keep(key, *fetched)
+                else:
+                    self._unkept[key] = fetched[1]
                 return fetched[0], FETCHED
         return None, COMPILED
 
-    def _keep(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
+    def keep_fetched(
+        self, key: str, found: dict[str, bytes], sources: dict[str, FileSource]
+    ) -> None:
+        """Keep an action fetched by ``lookup(key, keep=False)``; ``sources``: by output
+        name, files just written with those very bytes (the blobs become links to them)."""
+        digests = self._unkept.pop(key, None)
+        if digests is not None:
+            self._keep(key, found, digests, sources)
+
+    def _keep(
+        self,
+        key: str,
+        found: dict[str, bytes],
+        digests: dict[str, str],
+        sources: dict[str, FileSource] | None = None,
+    ) -> None:
         try:
-            self.local.store(key, found, digests)  # verified on fetch: not hashed again
+            self.local.store(key, found, digests, sources)  # verified on fetch: not hashed
         except OSError as exc:
             self.store_failed(exc)
         except Exception as exc:  # a copy the build can do without: never stop the build

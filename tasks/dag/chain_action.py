@@ -18,10 +18,15 @@ import traceback
 from pathlib import Path
 
 from kiln.cache.session import COMPILED, FETCHED, HIT, session_for
-from kiln.cache.store import sha256
+from kiln.cache.store import FileSource, sha256
 from kiln.driver import ChainResult, StageFailed, StageRecord, run_chain
 from kiln.errors import KilnError, Location, StageError, environment_error
-from kiln.fsutil import remove_stale_tmp, stat_identity, write_bytes_atomic
+from kiln.fsutil import (
+    remove_stale_tmp,
+    stat_identity,
+    write_bytes_atomic,
+    write_with_identity,
+)
 from kiln.logconfig import get_logger
 from kiln.tasks.chain import chain_record, manifest
 from kiln.tasks.chain.cached_outputs import ROOT_PLACEHOLDER, portable
@@ -117,9 +122,15 @@ def _build_once(spec: InstanceSpec, out: Path) -> tuple[str, ChainResult | None,
     session = session_for(spec.cache) if spec.cache is not None else None
     key = spec.chain.key(sources) if session is not None else None
     if session is not None:
-        found, how = session.lookup(key)
-        if found is not None and _written_from_cache(spec, out, found, known, session.local):
-            return how, None, os.getpid()
+        found, how = session.lookup(key, keep=False)
+        if found is not None:
+            # a fetched entry's files are written first, its blobs then linked to them
+            written: dict[str, FileSource] | None = {} if how == FETCHED else None
+            usable = _written_from_cache(spec, out, found, known, session.local, written)
+            if written is not None:
+                session.keep_fetched(key, found, written)
+            if usable:
+                return how, None, os.getpid()
     result, pid = ahead.result_for(spec, sources, known)
     if result is None:
         add_project_root(spec.root)
@@ -138,26 +149,37 @@ def _write(
     known: dict[str, StageRecord],
     records: list[StageRecord],
     store=None,
+    written: dict[str, FileSource] | None = None,
 ) -> None:
     """Write the files whose bytes changed, then the record, then the manifest.
 
     ``store``: the local store the files came from; a file is then a hard
-    link to its blob where it can be (LocalStore.place): a clean clone
-    writes each file once.
+    link to its blob where it can be (LocalStore.place). ``written``: filled
+    with the files written holding the entry's very bytes, by output name,
+    for the store to link its blobs to (a fetched entry). Either way a clean
+    clone writes each file once.
     """
     root = spec.root.encode()
     sides = {f for r in records for f in r.files if not f.startswith("dumps/")}
     doc = manifest.read_doc(str(out))
     entries = doc.get("files", {})
+    made = set()
     for rel, data in sorted(files.items()):
         target = out / rel
-        manifest.real_dir(target.parent, out)  # never write through a symlink in the out dir
-        if target.is_symlink():
+        if target.parent not in made:
+            manifest.real_dir(target.parent, out)  # never write through a symlink in out
+            made.add(target.parent)
+        if os.path.islink(target):  # (os.path: Path.is_symlink costs twice as much)
             target.unlink()
         local = data.replace(ROOT_PLACEHOLDER, root)
         digest = sha256(local)
         if store is not None and local == data:
             changed = store.place(digest, str(target), data)
+        elif written is not None and local == data:
+            identity = write_with_identity(target, local)
+            changed = identity is not None
+            if identity is not None:
+                written[FILE_PREFIX + rel] = (str(target), identity)
         else:
             changed = write_bytes_atomic(target, local)
         log.info("%s: %s %s", spec.instance, "wrote" if changed else "unchanged", rel)
@@ -183,8 +205,13 @@ def _written_from_cache(
     found: dict[str, bytes],
     known: dict[str, StageRecord],
     store,
+    written: dict[str, FileSource] | None = None,
 ) -> bool:
-    """Write a cached chain's files; False (nothing written) for an entry that is not one."""
+    """Write a cached chain's files; False (nothing written) for an entry that is not one.
+
+    ``written`` given (a fetched entry): the files are written, not linked to
+    the store's blobs, and listed there (see ``_write``).
+    """
     raw = found.get(RECORD_OUTPUT)
     records = chain_record.decode(raw) if raw is not None else {}
     names = [s.name for s in spec.chain.stages]
@@ -194,7 +221,11 @@ def _written_from_cache(
     wanted = {*spec.chain.files(), *(f for r in records.values() for f in r.files)}
     if not all(f in files or f in _dump_dirs(spec) for f in wanted):
         return False
-    _write(spec, out, files, known, [records[n] for n in names], store)
+    records_in_order = [records[n] for n in names]
+    if written is None:
+        _write(spec, out, files, known, records_in_order, store)
+    else:
+        _write(spec, out, files, known, records_in_order, written=written)
     return True
 
 
