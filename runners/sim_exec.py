@@ -246,10 +246,6 @@ def choose(t: Template) -> Fast | None:
     return chosen
 
 
-def runs_generically(t: Template) -> bool:
-    return choose(t) is None
-
-
 def byte_strides(op: Operand, dtype: np.dtype) -> tuple[int, ...]:
     if op.strides is None:  # sram: row-major
         out, acc = [], dtype.itemsize

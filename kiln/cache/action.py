@@ -33,14 +33,6 @@ def toolchain() -> dict[str, str]:
     return versions
 
 
-def iree_version() -> str:
-    """The IREE compiler's version: part of the key of every vmfb."""
-    try:
-        return metadata.version("iree-base-compiler")
-    except metadata.PackageNotFoundError:
-        return "absent"
-
-
 def action_key(
     *,
     inputs: dict[str, str],

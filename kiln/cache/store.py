@@ -389,11 +389,6 @@ def parse_action_entry(raw: bytes) -> dict[str, str] | None:
     return outputs
 
 
-def is_digest(text: object) -> bool:
-    """Whether ``text`` is a sha256 in lower-case hex, as every blob's name is."""
-    return isinstance(text, str) and _DIGEST.fullmatch(text) is not None
-
-
 def _is_chain_output(name: str) -> bool:
     if name == CHAIN_RECORD:
         return True

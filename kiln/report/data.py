@@ -9,7 +9,6 @@ source map, dumps) that html.py compresses into the page.
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
 from kiln.report.layout import lir_graph, traced_graph
@@ -158,7 +157,3 @@ def build_profile(project: Project) -> list[dict]:
         }
         for r in records
     ]
-
-
-def dumps_json(value) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True)

@@ -1,8 +1,8 @@
 """What a compile task hands its action: one kernel instance, typed and frozen.
 
 The ``ChainSpec`` (kiln/driver.py) is what decides the bytes; the rest
-says where the instance lives and how the build runs it. ``ChainJob``'s
-wire forms (one job, a batch) are the one conversion to the bytes a
+says where the instance lives and how the build runs it. A batch of
+``ChainJob``s (``batch_to_wire``) is the one conversion to the bytes a
 worker receives.
 """
 
@@ -61,14 +61,6 @@ class ChainJob:
     out_dir: str = ""
     known: tuple[StageRecord, ...] = ()
     sources: tuple[tuple[str, bytes], ...] = ()
-
-    def to_wire(self) -> bytes:
-        return msgpack.packb(self._row([list(s) for s in self.sources]), use_bin_type=True)
-
-    @staticmethod
-    def from_wire(data: bytes) -> ChainJob:
-        row = msgpack.unpackb(data, raw=False)
-        return ChainJob._from_row(row, [(rel, content) for rel, content in row["sources"]])
 
     def _row(self, sources: list) -> dict:
         return {

@@ -82,21 +82,6 @@ def record(directory: str, paths: list[str], sides: list[str] = ()) -> None:
     write(directory, files, side_map)
 
 
-def record_artifacts(
-    directory: str, entries: list[tuple[str, list[str]]], known: dict | None = None
-) -> None:
-    """``record`` for several (artifact, its side files) at once: one read, one write.
-
-    ``known``: path -> ((size, mtime_ns, inode), sha256) of files the caller
-    has just written; a file whose stat still matches is not read again.
-    """
-    doc = read_doc(directory)
-    files, side_map = doc.get("files", {}), doc.get("sides", {})
-    for artifact, sides in entries:
-        _add(directory, files, side_map, [artifact], sides, known or {})
-    write(directory, files, side_map)
-
-
 def _add(
     directory: str, files: dict, side_map: dict, paths: list[str], sides, known: dict | None = None
 ) -> None:
@@ -299,31 +284,6 @@ def _unlink_links(directory: str, rel: str) -> list[str]:
             except OSError:
                 pass
             break
-    return removed
-
-
-def remove_recorded(directory: str, stop: str) -> list[str]:
-    """Delete every file the manifest of ``directory`` lists, then the manifest.
-
-    Directories left empty are removed up to, but never including, ``stop``
-    (the out dir the user named). Symlinks are removed, never followed.
-    """
-    removed = []
-    for rel in read(directory):
-        path = os.path.join(directory, rel)
-        if os.path.relpath(path, directory).startswith(".."):
-            continue  # a manifest never points outside its own directory
-        try:
-            os.unlink(path)  # unlink removes a symlink itself, not what it points at
-            removed.append(path)
-        except OSError:
-            pass
-        _prune(os.path.dirname(path), stop)
-    try:
-        os.unlink(os.path.join(directory, MANIFEST))
-    except OSError:
-        pass
-    _prune(directory, stop)
     return removed
 
 

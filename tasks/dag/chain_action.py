@@ -17,7 +17,7 @@ import os
 import traceback
 from pathlib import Path
 
-from kiln.cache.session import COMPILED, FETCHED, HIT, session_for
+from kiln.cache.session import COMPILED, FETCHED, session_for
 from kiln.cache.store import FileSource, sha256
 from kiln.driver import ChainResult, StageFailed, StageRecord, run_chain
 from kiln.errors import KilnError, Location, StageError, environment_error
@@ -251,10 +251,6 @@ def _store(spec: InstanceSpec, out: Path, session, key: str, result: ChainResult
         session.store(key, outputs, files)
     except OSError as exc:  # a full or read-only cache disk costs speed, not the build
         session.store_failed(exc)
-
-
-def how_found(how: str) -> str:
-    return how if how in (HIT, FETCHED, COMPILED) else COMPILED
 
 
 def _bindings(spec: InstanceSpec) -> str:

@@ -15,8 +15,6 @@ from kiln.tasks.checks.results import task_instance
 from kiln.tasks.dag.compile import compile_tasks
 from kiln.tasks.model.project import KernelInstance, Project
 
-FORMATS = ("dot", "json", "mermaid")
-
 
 def task_graph(
     project: Project, instances: list[KernelInstance], why: bool = False, tests: bool = True

@@ -44,13 +44,6 @@ def run_jobs(wire: bytes) -> list[bytes]:
     return [run_chain_job(job) for job in batch_from_wire(wire)]
 
 
-def run_job(wire: bytes) -> bytes:
-    """Run one chain from a ``ChainJob``'s bytes (``run_chain_job``)."""
-    from kiln.tasks.chain.instance_spec import ChainJob
-
-    return run_chain_job(ChainJob.from_wire(wire))
-
-
 def run_chain_job(job) -> bytes:
     """Run one ``ChainJob``; its result as bytes (``encode_result``).
 

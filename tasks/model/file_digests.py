@@ -1,9 +1,7 @@
 """Digests of files this process wrote or hashed, valid while their (size, mtime, inode) hold.
 
-The next stage's key needs its input's digest, and every instance of a
-kernel file hashes that file for its trace key: hashing either again is
-wasted work. A file written from the cache is remembered with the digest
-it was written with.
+Every instance of a kernel file hashes that file for its chain's key:
+hashing it again for each is wasted work.
 """
 
 from __future__ import annotations
@@ -33,13 +31,3 @@ def digest_of(path: str) -> str:
     if stat is not None:
         _known[path] = (stat, digest)
     return digest
-
-
-def remember(path: str, stat: tuple[int, int, int], digest: str) -> None:
-    """``path`` holds bytes whose sha256 is ``digest`` while its identity is ``stat``."""
-    _known[path] = (stat, digest)
-
-
-def remembered(path: str) -> tuple[tuple[int, int, int], str] | None:
-    """(identity, digest) last remembered for ``path``; the caller checks the identity."""
-    return _known.get(path)

@@ -133,8 +133,8 @@ def test_dask_without_the_extra_is_one_message_naming_it(monkeypatch):
 
 def test_worker_refuses_a_client_with_other_stage_code():
     from kiln.driver import BuildInfo, ChainSpec, StageSpec, TraceSpec
-    from kiln.tasks.chain.instance_spec import ChainJob
-    from kiln.tasks.execution.chain_worker import decode_result, run_job
+    from kiln.tasks.chain.instance_spec import ChainJob, batch_to_wire
+    from kiln.tasks.execution.chain_worker import decode_result, run_jobs
 
     chain = ChainSpec(
         instance="k.small",
@@ -153,7 +153,7 @@ def test_worker_refuses_a_client_with_other_stage_code():
     )
     # a job from another machine carries its sources: a worker checks the stage code first
     job = ChainJob(chain=chain, digests=(("kernels/k.py", "0" * 64),), sources=(("k.py", b""),))
-    result, pid, refused = decode_result(run_job(job.to_wire()))
+    result, pid, refused = decode_result(run_jobs(batch_to_wire([job]))[0])
     assert result is None and pid == 0
     assert "kiln.stages.lir" in refused and "0" * 16 in refused
 
@@ -198,7 +198,7 @@ def test_a_worker_takes_each_stage_input_from_bytes_as_read_takes_it_from_its_fi
 
 @pytest.fixture
 def project_imports(monkeypatch):
-    """run_job imports the project's kernels in this process, as a pool worker does: undone."""
+    """run_jobs imports the project's kernels in this process, as a pool worker does: undone."""
     import sys
 
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -211,8 +211,8 @@ def project_imports(monkeypatch):
 
 def test_a_pool_job_keeps_every_stage_the_record_vouches_for(project, project_imports):
     from kiln.tasks.chain import chain_record
-    from kiln.tasks.chain.instance_spec import ChainJob, source_digests
-    from kiln.tasks.execution.chain_worker import decode_result, run_job
+    from kiln.tasks.chain.instance_spec import ChainJob, batch_to_wire, source_digests
+    from kiln.tasks.execution.chain_worker import decode_result, run_jobs
 
     spec, out = compiled_vector_add(project)
     known = chain_record.read(str(out))
@@ -222,14 +222,14 @@ def test_a_pool_job_keeps_every_stage_the_record_vouches_for(project, project_im
         chain=spec.chain, digests=digests, root=spec.root, out_dir=spec.out_dir,
         known=tuple(known.values()),
     )  # fmt: skip
-    result, pid, refused = decode_result(run_job(job.to_wire()))
+    result, pid, refused = decode_result(run_jobs(batch_to_wire([job]))[0])
     assert refused is None and pid > 0
     # early cutoff in the worker: nothing ran, nothing to write, the same records
     assert result.ran == [] and result.files == {}
     assert result.records == list(known.values())
     # with no record, the whole chain runs and makes the very bytes the build wrote
     fresh = ChainJob(chain=spec.chain, digests=digests, root=spec.root, out_dir=spec.out_dir)
-    result, _, _ = decode_result(run_job(fresh.to_wire()))
+    result, _, _ = decode_result(run_jobs(batch_to_wire([fresh]))[0])
     assert result.ran == ["trace", "visa", "lir", "schedule", "edf"]
     for stage in spec.chain.stages:
         assert result.files[stage.artifact] == (out / stage.artifact).read_bytes()
