@@ -70,9 +70,9 @@ class AheadPlan:
                 if self.starting is None:  # a pool, or a scheduler of the user's: start now
                     self._start_now()
                 elif self.start_error is not None:
-                    self._give_up(f"could not start: {self.start_error}")
+                    self._give_up(self.start_error, lost=True)
                     return None
-                elif self.executor is None:  # the LocalCluster is still starting
+                elif self.executor is None:  # the cluster is still starting
                     self.waiting = {s.instance: s for s in stale}
                     return None  # this chain builds here meanwhile
                 self._submit([(spec, sources, known), *((s, None, None) for s in stale)])
@@ -91,7 +91,8 @@ class AheadPlan:
         Starting one costs about a second of CPU (Dask's imports, the workers'
         processes). Chains whose turn comes before it is up build here. A
         first build starts it before doit loads the tasks: loading keeps one
-        core busy, and the cluster starts on the other.
+        core busy, and the cluster starts on the other. (A scheduler of the
+        user's is reached in a moment, and every chain then goes to it.)
         """
         self.starting = threading.Thread(target=self._start_in_background, daemon=True)
         self.starting.start()
@@ -99,12 +100,16 @@ class AheadPlan:
     def _start_in_background(self) -> None:
         try:
             executor = self._start()
-        except Exception as exc:  # a KilnError too: the build goes on here, with one warning
+        except Exception as exc:  # unreachable, refused: the build goes on here, one warning
             with self._lock:
-                self.start_error = _reason(exc)
+                self.start_error = (
+                    exc.message
+                    if isinstance(exc, KilnError)  # says what failed
+                    else f"the Dask LocalCluster could not start: {_reason(exc)}"
+                )
                 if self.submitted:
                     self.waiting = None
-                    self._give_up(f"could not start: {self.start_error}")
+                    self._give_up(self.start_error, lost=True)
             return
         with self._lock:
             if self.closed:  # the build ended (or was interrupted) meanwhile
@@ -137,12 +142,10 @@ class AheadPlan:
     def _start_now(self) -> None:
         try:
             self.executor = self._start()
-        except KilnError as err:
-            # one error, to the first action; every other chain builds here without a word
-            self.lost = True
-            raise err from None
+        except KilnError as err:  # a scheduler that cannot be reached: it says which
+            self._give_up(err.message, lost=True)
         except Exception as exc:
-            self._give_up(f"could not start: {exc}")
+            self._give_up(f"could not start: {_reason(exc)}")
 
     def _submit(self, chains: list) -> None:
         """Send ``chains`` ((spec, sources, known); None: read them now) in batches."""
@@ -178,14 +181,16 @@ class AheadPlan:
         return DaskExecutor(self.settings)
 
     def _give_up(self, reason: str, lost: bool = False) -> None:
+        """One warning; every chain not yet written builds here. ``lost``: ``reason`` is
+        a whole sentence (a cluster lost, or one that could not start)."""
         if not self.lost:
             self.lost = True
             if self.settings.kind == "pool":
                 warn(f"the process pool failed ({reason}); building the rest locally")
             else:
                 where = self.settings.address or "LocalCluster"
-                text = reason if lost else f"failed ({reason})"
-                warn(f"the Dask scheduler {where} {text}; building the rest locally")
+                text = reason if lost else f"the Dask scheduler {where} failed ({reason})"
+                warn(f"{text}; building the rest locally")
         for batch, _ in self.futures.values():
             batch.future.cancel()
         self.futures.clear()
@@ -197,8 +202,9 @@ class AheadPlan:
         try:
             data = batch.take(place, self.executor.wait)
         except ClusterLost as exc:
+            where = self.settings.address or "LocalCluster"
             with self._lock:
-                self._give_up(str(exc), lost=True)
+                self._give_up(f"the Dask scheduler {where} {exc}", lost=True)
             return None, 0
         except Exception as exc:
             with self._lock:

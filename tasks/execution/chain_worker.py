@@ -151,15 +151,6 @@ def dask_setup(worker) -> None:
         pass
 
 
-def warm_up(modules: list[str]) -> None:
-    """Import the stage modules (and numpy with them) before the first task needs them."""
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # the task that needs it reports the failure
-            pass
-
-
 def _use_sources(files: tuple[tuple[str, bytes], ...]) -> Path:
     """The directory holding exactly ``files``, first on sys.path, its modules importable."""
     global _sources_root, _sources_digest, _sources_names, _sources_sent

@@ -444,4 +444,5 @@ def test_a_local_cluster_that_cannot_start_is_one_warning_and_a_local_build(monk
     assert plan.take(specs["b"], {}, {}) is None
     err = capfd.readouterr().err
     assert err.count("warning") == 1 and "no room for workers" in err, err
+    assert "the Dask LocalCluster could not start: OSError" in err
     plan.close()

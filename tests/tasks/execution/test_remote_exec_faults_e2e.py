@@ -54,6 +54,18 @@ def many_instances(base: Path, count: int) -> Path:
     return project
 
 
+def test_a_scheduler_nobody_listens_at_is_one_warning_and_a_local_build(tmp_path):
+    project = many_instances(tmp_path, 3)
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    proc = run_kiln(project, "compile", "--scheduler", address, timeout=90)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("kiln: warning:") == 1, proc.stderr
+    assert f"cannot reach the Dask scheduler {address} (from --scheduler)" in proc.stderr
+    assert "building the rest locally" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert len(list((project / "build").rglob("kernel.edf"))) == 3
+
+
 def test_a_scheduler_without_workers_is_one_warning_and_a_local_build(tmp_path):
     port = free_port()
     dask = shutil.which("dask", path=os.path.dirname(sys.executable)) or "dask"
