@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from stat import S_ISREG
 
 from kiln.tempnames import temp_path, writer_pid
 
@@ -15,6 +16,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, durable: bool = 
     Returns False, touching nothing (not even the mtime), when the file
     already holds exactly ``data``; so a stage whose output did not change
     does not wake the stages after it. Readers never see a partial file.
+    A symlink at ``path`` is replaced by the file, whatever it points at.
     ``durable`` also fsyncs the data before the rename.
     """
     return _write_atomic(os.fspath(path), data, durable=durable) is not None
@@ -36,7 +38,10 @@ def _write_atomic(
     """None when ``target`` held ``data``; else True, or its identity when asked."""
     # plain strings and os calls: this runs for every artifact, blob and entry of a build
     try:
-        if os.stat(target).st_size == len(data) and holds(target, data):
+        # lstat: a symlink is never "unchanged", and the rename below replaces the link
+        # itself, never what it points at: Kiln does not write through a symlink
+        found = os.lstat(target)
+        if S_ISREG(found.st_mode) and found.st_size == len(data) and holds(target, data):
             return None
     except (FileNotFoundError, NotADirectoryError):
         pass

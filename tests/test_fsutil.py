@@ -88,3 +88,30 @@ def test_temp_names_never_repeat_in_a_process_or_its_forked_child(tmp_path):
     os.waitpid(child, 0)
     name = os.read(reader, 4096).decode()
     assert f".{child}." in name and name not in names
+
+
+def test_a_symlink_is_replaced_by_the_file_never_written_through(tmp_path):
+    from kiln.fsutil import write_bytes_atomic
+
+    elsewhere = tmp_path / "elsewhere.lir"
+    elsewhere.write_bytes(b"lir bytes")
+    target = tmp_path / "kernel.lir"
+    target.symlink_to(elsewhere)
+    # the same bytes behind the link: still replaced, so the out dir holds a real file
+    assert write_bytes_atomic(target, b"lir bytes") is True
+    assert not target.is_symlink() and target.read_bytes() == b"lir bytes"
+    assert elsewhere.read_bytes() == b"lir bytes"  # what it pointed at is left alone
+    assert write_bytes_atomic(target, b"lir bytes") is False  # a real file: unchanged
+
+
+def test_a_cached_file_replaces_a_symlink_in_its_place(tmp_path):
+    from kiln.cache.store import LocalStore, sha256
+
+    store = LocalStore(tmp_path / "store")
+    digest = store.put_blob(b"edf bytes")
+    target = tmp_path / "out" / "kernel.edf"
+    target.parent.mkdir()
+    target.symlink_to(store.blob_path(digest))  # the blob itself, behind a link
+    assert store.place(digest, str(target), b"edf bytes") is True
+    assert not target.is_symlink() and target.read_bytes() == b"edf bytes"
+    assert sha256(target.read_bytes()) == digest

@@ -185,10 +185,10 @@ class LocalStore:
             return write_bytes_atomic(target, data)
         blob, identity, seen_at = known
         try:
-            current = os.stat(target)
+            current = os.lstat(target)  # a symlink is replaced, never kept (write_bytes_atomic)
         except OSError:
             current = None
-        if current is not None and current.st_size == len(data):
+        if current is not None and stat.S_ISREG(current.st_mode) and current.st_size == len(data):
             if stat_identity(current) == identity or holds(target, data):
                 return False  # already that very file, or those very bytes
         head = os.path.dirname(target)

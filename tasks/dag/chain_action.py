@@ -169,8 +169,6 @@ def _write(
         if target.parent not in made:
             manifest.real_dir(target.parent, out)  # never write through a symlink in out
             made.add(target.parent)
-        if os.path.islink(target):  # (os.path: Path.is_symlink costs twice as much)
-            target.unlink()
         local = data.replace(ROOT_PLACEHOLDER, root)
         digest = sha256(local)
         if store is not None and local == data:
