@@ -11,11 +11,15 @@ Side by side, in one run, on a generated project of gemm kernels (a cold
   overhead (extra wall time per kernel instance over ``-n 2``);
 - a clean clone with a warm remote (shared directory, filled by a build of
   its own) vs the floor: the same clean build with every instance's action
-  cut down to copying its files (bare_writes.py), each the median of 3;
-  targets: 0 compiled, wall time at most 1.5x the floor; the no-op build and
-  the clone with ``-n 2`` are printed beside it, not judged;
+  cut down to copying its files (bare_writes.py); targets: 0 compiled, wall
+  time at most 1.5x the floor; the no-op build and the clone with ``-n 2``
+  are printed beside it, not judged;
 - bytes uploaded and fetched, and the clone's hit rate;
 - a clean clone from moto's S3 server (when installed); not judged.
+
+Every figure is the median of 3 interleaved runs (each cold build's runs
+are printed with their CPU time), beside a same-run calibration: one
+process doing a fixed pure-Python loop vs two processes doing half each.
 
     python benchmarks/scale_out.py [--kernels 1500] [--size 192] [--dir DIR] [--quick]
 
@@ -39,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+from parallel import children_cpu, spin
 from scratch import add_dir_option, scratch
 from verdicts import Targets, abort
 
@@ -47,7 +52,8 @@ SPEEDUP_TARGET = 1.5
 VS_PROCESSES_TARGET = 0.9
 EXTERNAL_TARGET = 1.2  # an external scheduler + workers over the LocalCluster, end to end
 CLONE_TARGET = 1.5  # the clean clone over the floor
-CLONE_RUNS = 3
+RUNS = 3  # every figure the median of this many interleaved runs
+CALIBRATION_LOOPS = 10_000_000  # pure-Python work per process of the calibration
 MIN_COLD_N1 = 10.0  # seconds: the cold -n 1 build the Dask comparison is made on
 STAGES = ("trace", "visa", "lir", "schedule", "edf")
 BARE_WRITES = Path(__file__).resolve().parent / "bare_writes.py"
@@ -91,13 +97,17 @@ def kiln(
     full.pop("PYTHONDONTWRITEBYTECODE", None)
     full["PYTHONPYCACHEPREFIX"] = str(cwd.parent / "pyc")
     full.update(env or {})
-    start = time.perf_counter()
+    cpu, start = children_cpu(), time.perf_counter()
     command = [sys.executable, str(launcher)] if launcher else [sys.executable, "-m", "kiln"]
     proc = subprocess.run([*command, *args], cwd=cwd, env=full, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    LAST_CPU[0] = children_cpu() - cpu
     if proc.returncode != 0:
         abort(f"kiln {' '.join(args)} failed in {cwd}:\n{proc.stdout}\n{proc.stderr}")
     return elapsed, proc.stdout
+
+
+LAST_CPU = [0.0]  # CPU seconds of the last kiln run (it and the processes it waited for)
 
 
 def counts(stdout: str) -> tuple[int, int]:
@@ -127,7 +137,7 @@ def external_cluster(project: Path) -> float:
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    start = time.perf_counter()
+    cpu, start = children_cpu(), time.perf_counter()
     procs = [
         subprocess.Popen(
             [dask, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
@@ -158,6 +168,7 @@ def external_cluster(project: Path) -> float:
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=30)
+        LAST_CPU[0] = children_cpu() - cpu  # the scheduler, the workers and the build
 
 
 S3_KERNELS = 64
@@ -228,19 +239,35 @@ def main(argv: list[str] | None = None) -> int:
         # untimed: every run below imports from the bytecode cache, as an installed tool
         # does, and Dask's own modules (distributed, tornado, ...) are compiled only here
         kiln(fresh(base, "warm-up", 2, 64), "compile", "--executor", "dask", "-n", "2")
-        origin = fresh(base, "n1", kernels, size)
-        t_n1, _ = kiln(origin, "compile")
+        runs = 1 if args.quick else RUNS
+        cold: dict[str, list[tuple[float, float]]] = {k: [] for k in COLD}
+        for run in range(runs):  # interleaved: a slow spell of the machine hits them all
+            origin = fresh(base, f"n1-{run}", kernels, size)
+            cold["n1"].append((kiln(origin, "compile")[0], LAST_CPU[0]))
+            project = fresh(base, f"n2-{run}", kernels, size)
+            cold["n2"].append((kiln(project, "compile", "-n", "2")[0], LAST_CPU[0]))
+            shutil.rmtree(project)  # tmpfs is memory: keep only the projects still needed
+            project = fresh(base, f"dask-{run}", kernels, size)
+            seconds, _ = kiln(project, "compile", "--executor", "dask", "-n", "2")
+            cold["dask"].append((seconds, LAST_CPU[0]))
+            shutil.rmtree(project)
+            project = fresh(base, f"cluster-{run}", kernels, size)
+            cold["cluster"].append((external_cluster(project), LAST_CPU[0]))
+            shutil.rmtree(project)
+            if run:
+                shutil.rmtree(base / f"n1-{run - 1}")  # the last one serves the no-op and floor
+            loops = CALIBRATION_LOOPS // (10 if args.quick else 1)
+            cold["one"].append((spin(1, 2 * loops), 0.0))  # one process doing both halves
+            cold["two"].append((spin(2, loops), 0.0))
+        t_n1, t_n2, t_dask, t_cluster, c_one, c_two = (
+            statistics.median(s for s, _ in cold[k]) for k in COLD
+        )
         # the team cache is filled by a build of its own: uploading is no part of -n 1's time
         kiln(fresh(base, "upload", kernels, size), "compile", env=warm_env)
-        t_n2, _ = kiln(fresh(base, "n2", kernels, size), "compile", "-n", "2")
-        t_dask, _ = kiln(
-            fresh(base, "dask", kernels, size), "compile", "--executor", "dask", "-n", "2"
-        )
-        t_cluster = external_cluster(fresh(base, "cluster", kernels, size))
         s3 = s3_clone(base, size, 2 if args.quick else S3_KERNELS)
-        # both short and noisy: the median of CLONE_RUNS each, interleaved
+        # both short and noisy: the median of RUNS each, interleaved
         noops, clones, clones_n2, floors = [], [], [], []
-        for run in range(1 if args.quick else CLONE_RUNS):
+        for run in range(runs):
             noops.append(kiln(origin, "compile")[0])
             clone = fresh(base, f"clone{run}", kernels, size)
             seconds, out = kiln(clone, "compile", env=warm_env)
@@ -267,11 +294,16 @@ def main(argv: list[str] | None = None) -> int:
     hit_rate = fetched / max(fetched + compiled, 1)
     targets = Targets(judged=not args.quick)
     print(f"generated project: {kernels} gemm {size}^3 kernels, one task each")
-    print(f"cold -n 1:                         {t_n1:7.2f} s")
+    print(f"cold builds: median of {runs} interleaved runs (wall; CPU of processes waited for)")
+    print(f"cold -n 1:                         {t_n1:7.2f} s  {_runs(cold['n1'])}")
     if not args.quick and t_n1 < MIN_COLD_N1:  # the comparison needs a build this long
         print(f"  shorter than the {MIN_COLD_N1:g} s asked for: run with more --kernels")
-    print(f"cold -n 2:                         {t_n2:7.2f} s")
-    print(f"cold dask LocalCluster, 2 workers: {t_dask:7.2f} s")
+    print(f"cold -n 2:                         {t_n2:7.2f} s  {_runs(cold['n2'])}")
+    print(
+        f"calibration: one process {c_one:.2f} s, two side by side {c_two:.2f} s "
+        f"({c_one / c_two:.2f}x: what two processes get here; -n 2 got {t_n1 / t_n2:.2f}x)"
+    )
+    print(f"cold dask LocalCluster, 2 workers: {t_dask:7.2f} s  {_runs(cold['dask'])}")
     print(
         f"  speedup vs -n 1: {speedup:.2f}x (target >= {SPEEDUP_TARGET}x) "
         f"{targets.judge('dask speedup vs -n 1', speedup >= SPEEDUP_TARGET)}"
@@ -280,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  speed vs -n 2:   {vs_processes:.2f}x (target >= {VS_PROCESSES_TARGET}x) "
         f"{targets.judge('dask speed vs -n 2', vs_processes >= VS_PROCESSES_TARGET)}"
     )
-    print(f"dask scheduler + 2 workers, end to end: {t_cluster:7.2f} s")
+    print(f"dask scheduler + 2 workers, end to end: {t_cluster:7.2f} s  {_runs(cold['cluster'])}")
     print(
         f"  over the LocalCluster: {external_ratio:.2f}x (target <= {EXTERNAL_TARGET}x) "
         f"{targets.judge('external cluster vs LocalCluster', external_ratio <= EXTERNAL_TARGET)}"
@@ -312,6 +344,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{s3:.2f} s (not judged)"
         )
     return targets.finish()
+
+
+COLD = ("n1", "n2", "dask", "cluster", "one", "two")
+
+
+def _runs(runs: list[tuple[float, float]]) -> str:
+    return "(runs: " + ", ".join(f"{w:.2f} s wall / {c:.2f} s CPU" for w, c in runs) + ")"
 
 
 if __name__ == "__main__":
