@@ -60,8 +60,8 @@ def run_command_file(argv: list[str]) -> int:
     rows = []
     for line in lines:
         check_run(line.options, f"{line.where}: {line.name}")
-        row = time_problem(line.name, line.problem, line.options)
-        rows.append({"line": line.where, **row})
+        for problem in line.problems:
+            rows.append({"line": line.where, **time_problem(line.name, problem, line.options)})
     print(render(rows, args.output_format), end="")
     if skipped:
         print(f"kiln bench: {skipped} [SKIP] line(s) of {args.commands} not timed", file=sys.stderr)
@@ -133,8 +133,8 @@ def run_problem_bench(argv: list[str]) -> int:
         rest = [a for a in argv if a != names[0]]
         line = line_from_argv(names[0][len(PREFIX) :], rest)
         check_run(line.options, f"kiln bench {PREFIX} {line.name}")
-        row = time_problem(line.name, line.problem, line.options)
-        print(render([row], line.options.output_format), end="")
+        rows = [time_problem(line.name, problem, line.options) for problem in line.problems]
+        print(render(rows, line.options.output_format), end="")
         return 0
     name, args = parse(argv)
     print(render(bench_problem(name, args), args.output_format), end="")

@@ -9,8 +9,9 @@ lines::
     matmul -M 64 -N 32 -K 16 --transA --bf16
 
 Each line is read with argparse (the drivers' own flag names and aliases)
-and mapped onto Kiln's ``conv`` problem (``-F 1|2|4``: forward, backward
-data, backward weights) or a matmul; a flag Kiln cannot map is refused with
+and mapped onto Kiln's ``conv`` problem (``-F``, MIOpen's bit mask: 1
+forward, 2 backward data, 4 backward weights, their sums for several, 0
+for all three: one problem each) or a matmul; a flag Kiln cannot map is refused with
 one message that names it (and the file:line in a command file).
 """
 
@@ -40,10 +41,11 @@ THREE_D = ("in_d", "fil_d", "pad_d", "conv_stride_d", "dilation_d")
 
 @dataclass
 class DriverLine:
-    """One driver line, mapped: the problem to time and Kiln's run options for it."""
+    """One driver line, mapped: the problems to time (one, or one per pass of a
+    convolution's ``-F``) and Kiln's run options for them."""
 
     name: str  # conv or matmul: the kernel's name
-    problem: object  # kiln.tasks.commands.problems.Problem
+    problems: tuple  # kiln.tasks.commands.problems.Problem, each
     options: argparse.Namespace  # target, iter, warmup, device, output_format
     text: str
     where: str = ""  # FILE:LINE of a command file's line
@@ -86,7 +88,13 @@ def _conv_parser(prog: str, defaults) -> _Parser:
     p = _Parser(prog=prog, allow_abbrev=False)
     add = p.add_argument
     size, zero = _least(1), _least(0)
-    add("-F", "--forw", type=int, default=1, help="1 forward, 2 backward data, 4 backward weights")
+    add(
+        "-F",
+        "--forw",
+        type=int,
+        default=1,
+        help="1 forward, 2 backward data, 4 backward weights; a sum for several, 0 for all",
+    )
     add("-m", "--mode", default="conv", help="conv (trans: refused)")
     for flags, dest, kind in (
         (("-n", "--batchsize"), "n", size), (("-c", "--in_channels"), "c", size),
@@ -165,7 +173,7 @@ def parse_line(words: list[str], defaults: argparse.Namespace | None = None) -> 
             found=flag,
             hint="drop it, or time the configuration with its own driver",
         )
-    problem = _matmul(args) if name == "matmul" else _conv(prog, name, args)
+    problems = (_matmul(args),) if name == "matmul" else _convs(prog, name, args)
     options = argparse.Namespace(
         target=(args.target or [args.default_target])[-1],
         iter=args.iter,
@@ -174,7 +182,7 @@ def parse_line(words: list[str], defaults: argparse.Namespace | None = None) -> 
         output_format=args.output_format,
         targets=args.target or [],
     )
-    return DriverLine("matmul" if name == "matmul" else "conv", problem, options, text)
+    return DriverLine("matmul" if name == "matmul" else "conv", problems, options, text)
 
 
 def _known(parser: argparse.ArgumentParser) -> list[str]:
@@ -185,16 +193,32 @@ def _refuse(prog: str, flag: str, why: str, expected: str, found: object) -> Kil
     return KilnError(f"{prog}: {flag} {why}", expected=expected, found=str(found))
 
 
-def _conv(prog: str, command: str, a: argparse.Namespace):
+def passes(forw: int) -> list[str]:
+    """Kiln's modes for MIOpen's ``-F`` bit mask, in MIOpen's order; 0 is all three."""
+    return [mode for bit, mode in MODES.items() if forw == 0 or forw & bit]
+
+
+def _convs(prog: str, command: str, a: argparse.Namespace) -> tuple:
+    """One problem per pass that ``-F`` asks for."""
+    if not 0 <= a.forw <= sum(MODES):
+        raise _refuse(
+            prog,
+            "-F",
+            "cannot be mapped",
+            "1 (forward), 2 (backward data), 4 (weights), a sum of them, or 0 (all three)",
+            a.forw,
+        )
+    if a.bias and passes(a.forw) != ["fwd"]:
+        raise _refuse(prog, "--bias", "is for the forward pass only", "-F 1 with --bias", a.forw)
+    return tuple(_conv(prog, command, a, mode) for mode in passes(a.forw))
+
+
+def _conv(prog: str, command: str, a: argparse.Namespace, mode: str):
     from kiln.tasks.commands.problems import Problem, conv_problem
 
     dims = a.spatial_dim
     if dims not in LAYOUTS:
         raise _refuse(prog, "--spatial_dim", "cannot be mapped", "2 or 3", dims)
-    if a.forw not in MODES:
-        raise _refuse(
-            prog, "-F", "cannot be mapped", "1 (forward), 2 (backward data) or 4 (weights)", a.forw
-        )
     if a.mode not in ("conv", str(a.forw)):  # Fusilli spells -F as --mode
         raise _refuse(prog, "-m", "cannot be mapped", "conv (a plain convolution)", a.mode)
     if dims == 2:
@@ -215,7 +239,7 @@ def _conv(prog: str, command: str, a: argparse.Namespace):
     three = (lambda d3, h, w: (d3, h, w)) if depth else (lambda d3, h, w: (h, w))
     kiln_args = argparse.Namespace(
         dims=dims, layout=layout, N=a.n, C=a.c, D=a.in_d or 1, H=a.h, W=a.w, K=a.k,
-        T=a.fil_d or 1, R=a.y, S=a.x, groups=a.g, mode=MODES[a.forw], dtype=dtype,
+        T=a.fil_d or 1, R=a.y, S=a.x, groups=a.g, mode=mode, dtype=dtype,
         stride=three(a.conv_stride_d or 1, a.u, a.v),
         pad=three(a.pad_d or 0, a.p, a.q),
         dilation=three(a.dilation_d or 1, a.l, a.j),
@@ -223,8 +247,6 @@ def _conv(prog: str, command: str, a: argparse.Namespace):
     problem = conv_problem(kiln_args)
     if not a.bias:
         return problem
-    if a.forw != 1:
-        raise _refuse(prog, "--bias", "is for the forward pass only", "-F 1 with --bias", a.forw)
     body, channels_last = problem.body, layout.endswith("c")
     bias = (a.k,) if channels_last else (a.k, *(1,) * dims)
     out_elements = problem.flops / (2.0 * (a.c // a.g) * a.y * a.x * (a.fil_d or 1))

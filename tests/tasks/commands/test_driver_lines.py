@@ -12,7 +12,7 @@ import pytest
 
 from kiln.errors import KilnError
 from kiln.lang import trace
-from kiln.tasks.commands.driver_lines import is_driver_line, parse_line
+from kiln.tasks.commands.driver_lines import MODES, is_driver_line, parse_line
 from kiln.tasks.commands.problems import make_kernel
 from tests.conftest import run_kiln
 
@@ -29,16 +29,16 @@ LINE_3D = (
 
 def mapped(text: str):
     line = parse_line(shlex.split(text))
-    graph = trace(make_kernel(line.name, line.problem.body, line.problem.shapes), {}, "f32")
+    graph = trace(make_kernel(line.name, line.problems[0].body, line.problems[0].shapes), {}, "f32")
     return line, [a.shape for a in graph.args], graph.output_nodes[0].shape
 
 
 def test_a_2d_forward_line_is_kilns_conv_in_its_layout_and_dtype():
     line, args, out = mapped(LINE_2D)
-    assert line.name == "conv" and line.problem.dtype == "bf16"
+    assert line.name == "conv" and line.problems[0].dtype == "bf16"
     assert args == [(2, 8, 8, 8), (8, 3, 3, 8)] and out == (2, 8, 8, 8)  # NHWC, KYXC
-    assert line.problem.label == "conv2d-fwd nhwc N2 C8 8x8 K8 f3x3 p1,1"
-    assert line.problem.flops == 2.0 * 2 * 8 * 8 * 64 * 9
+    assert line.problems[0].label == "conv2d-fwd nhwc N2 C8 8x8 K8 f3x3 p1,1"
+    assert line.problems[0].flops == 2.0 * 2 * 8 * 8 * 64 * 9
     assert line.options.target == "cpu" and line.options.iter == 10
 
 
@@ -52,13 +52,15 @@ def test_a_2d_forward_line_is_kilns_conv_in_its_layout_and_dtype():
 )
 def test_a_3d_line_maps_f_to_forward_backward_data_and_weights(forw, mode, args, out):
     line, shapes, result = mapped(LINE_3D.format(F=forw))
-    assert line.problem.label.startswith(f"conv3d-{mode} ndhwc N1 C2 5x4x4 K2 f3x3x3 s2,1,1")
+    assert line.problems[0].label.startswith(f"conv3d-{mode} ndhwc N1 C2 5x4x4 K2 f3x3x3 s2,1,1")
     assert (shapes, result) == (args, out)  # depth stride 2, height and width stride 1
 
 
 def test_backward_lines_compute_the_adjoints_of_the_forward_one():
     rng = np.random.default_rng(0)
-    fwd, dgrad, wgrad = (parse_line(shlex.split(LINE_3D.format(F=f))).problem for f in (1, 2, 4))
+    fwd, dgrad, wgrad = (
+        parse_line(shlex.split(LINE_3D.format(F=f))).problems[0] for f in (1, 2, 4)
+    )
     forward, data, weights = (make_kernel("conv", p.body, p.shapes) for p in (fwd, dgrad, wgrad))
     x, w = (rng.standard_normal(s).astype(np.float32) for s in fwd.shapes)
     y = forward(x, w)  # eagerly, on numpy
@@ -72,19 +74,22 @@ def test_backward_lines_compute_the_adjoints_of_the_forward_one():
 
 def test_matmul_lines_transpose_batch_and_take_one_dtype():
     line, args, out = mapped("matmul -M 8 -N 4 -K 6 --transA --bf16")
-    assert (args, out, line.problem.dtype) == ([(6, 8), (6, 4)], (8, 4), "bf16")
-    assert line.problem.label == "matmul 8x4x6 transA" and line.problem.flops == 2.0 * 8 * 4 * 6
+    assert (args, out, line.problems[0].dtype) == ([(6, 8), (6, 4)], (8, 4), "bf16")
+    assert (
+        line.problems[0].label == "matmul 8x4x6 transA"
+        and line.problems[0].flops == 2.0 * 8 * 4 * 6
+    )
     line, args, out = mapped("matmul -M 8 -N 4 -K 6 -B 3 --transB --a_type f16 --b_type f16")
-    assert (args, out, line.problem.dtype) == ([(3, 8, 6), (3, 4, 6)], (3, 8, 4), "f16")
+    assert (args, out, line.problems[0].dtype) == ([(3, 8, 6), (3, 4, 6)], (3, 8, 4), "f16")
 
 
 def test_a_driver_program_and_its_main_options_lead_the_line():
     line = parse_line(shlex.split("./bin/MIOpenDriver convbfp16 -n 1 -c 4 -H 6 -W 6 -k 4 "
                                   "-y 3 -x 3 -t 1 -i 3"))  # fmt: skip
-    assert line.problem.dtype == "bf16" and line.problem.label.startswith("conv2d-fwd nchw")
+    assert line.problems[0].dtype == "bf16" and line.problems[0].label.startswith("conv2d-fwd nchw")
     assert line.options.iter == 3
     fusilli = parse_line(shlex.split("fusilli_benchmark_driver --iter 4 matmul -M 2 -N 2 -K 2"))
-    assert fusilli.options.iter == 4 and fusilli.problem.label == "matmul 2x2x2"
+    assert fusilli.options.iter == 4 and fusilli.problems[0].label == "matmul 2x2x2"
     kilns = parse_line(["--target", "sim", "matmul", "-M", "2", "-N", "2", "-K", "2"])
     assert kilns.options.target == "sim"  # `kiln bench --target sim problem: matmul ...`
 
@@ -95,8 +100,9 @@ BASE = "conv -n 1 -c 4 -H 6 -W 6 -k 4 -y 3 -x 3"
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (BASE + " -F 3", r"-F cannot be mapped"),
-        (BASE + " -F 0", r"-F cannot be mapped"),
+        (BASE + " -F 8", r"-F cannot be mapped"),
+        (BASE + " -F -1", r"-F cannot be mapped"),
+        (BASE + " -F 3 --bias", r"--bias is for the forward pass only"),
         (BASE + " -m trans", r"-m cannot be mapped"),
         (BASE + " -g 3", r"-g does not divide the channels"),
         (BASE + " --in_d 4", r"--in_d needs --spatial_dim 3"),
@@ -116,6 +122,33 @@ BASE = "conv -n 1 -c 4 -H 6 -W 6 -k 4 -y 3 -x 3"
 def test_what_cannot_be_mapped_is_refused_naming_the_flag(text, message):
     with pytest.raises(KilnError, match=message):
         parse_line(shlex.split(text))
+
+
+@pytest.mark.parametrize(
+    ("forw", "modes"),
+    [(1, ["fwd"]), (3, ["fwd", "dgrad"]), (5, ["fwd", "wgrad"]), (6, ["dgrad", "wgrad"])]
+    + [(7, ["fwd", "dgrad", "wgrad"]), (0, ["fwd", "dgrad", "wgrad"])],
+)
+def test_a_combined_f_is_one_problem_per_pass_as_miopen_times_them(forw, modes):
+    line = parse_line(shlex.split(LINE_3D.format(F=forw)))
+    assert [p.label.split()[0] for p in line.problems] == [f"conv3d-{m}" for m in modes]
+    alone = {m: parse_line(shlex.split(LINE_3D.format(F=f))).problems[0] for f, m in MODES.items()}
+    for problem, mode in zip(line.problems, modes, strict=True):  # each as its -F alone gives it
+        assert (problem.label, problem.shapes, problem.flops) == (
+            alone[mode].label,
+            alone[mode].shapes,
+            alone[mode].flops,
+        )
+
+
+def test_cli_times_each_pass_of_a_combined_f_one_row_each(tmp_path):
+    proc = run_kiln(
+        tmp_path, "bench", "problem:", *shlex.split(BASE), "-F", "3", "--iter", "1",
+        "--output-format", "csv",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = proc.stdout.strip().splitlines()[1:]
+    assert [r.split(",")[0].split()[0].strip('"') for r in rows] == ["conv2d-fwd", "conv2d-dgrad"]
 
 
 def test_problem_conv_is_a_driver_line_only_with_a_drivers_flags():
@@ -147,13 +180,16 @@ def test_cli_a_line_that_cannot_be_mapped_is_one_message_naming_the_flag(tmp_pat
     issue = LINE_2D.replace("-g 1", "-g 3")  # 8 channels in 3 groups
     for argv in (
         ["problem:", *shlex.split(issue)],
-        ["problem:conv", *shlex.split(BASE)[1:], "-F", "3"],
+        ["problem:conv", *shlex.split(BASE)[1:], "-F", "9"],
     ):
         proc = run_kiln(tmp_path, "bench", *argv)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.count("error:") == 1 and proc.stdout == ""
     assert "error: kiln bench problem: conv: -F cannot be mapped" in proc.stderr
-    assert "expected: 1 (forward), 2 (backward data) or 4 (weights)\n  found: 3" in proc.stderr
+    assert (
+        "expected: 1 (forward), 2 (backward data), 4 (weights), a sum of them, or 0 (all three)"
+        "\n  found: 9"
+    ) in proc.stderr
 
 
 def test_bench_help_shows_driver_lines_and_the_commands_file(tmp_path):
