@@ -164,20 +164,22 @@ def _write(
     doc = manifest.read_doc(str(out))
     entries = doc.get("files", {})
     made = set()
+    prefix = str(out) + os.sep  # plain strings: this loop runs for every file of a build
     for rel, data in sorted(files.items()):
-        target = out / rel
-        if target.parent not in made:
-            manifest.real_dir(target.parent, out)  # never write through a symlink in out
-            made.add(target.parent)
+        target = prefix + rel
+        head = os.path.dirname(target)
+        if head not in made:
+            manifest.real_dir(Path(head), out)  # never write through a symlink in out
+            made.add(head)
         local = data.replace(ROOT_PLACEHOLDER, root)
         digest = sha256(local)
         if store is not None and local == data:
-            changed = store.place(digest, str(target), data)
+            changed = store.place(digest, target, data)
         elif written is not None and local == data:
             identity = write_with_identity(target, local)
             changed = identity is not None
             if identity is not None:
-                written[FILE_PREFIX + rel] = (str(target), identity)
+                written[FILE_PREFIX + rel] = (target, identity)
         else:
             changed = write_bytes_atomic(target, local)
         log.info("%s: %s %s", spec.instance, "wrote" if changed else "unchanged", rel)
