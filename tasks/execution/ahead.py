@@ -61,6 +61,10 @@ class AheadPlan:
         self._lock = threading.Lock()
 
     def take(self, spec: InstanceSpec, sources: dict[str, str], known) -> tuple[Batch, int] | None:
+        if self.starting is not None and not self.local_cluster and not self.submitted:
+            # a scheduler of the user's, reached while doit loaded the tasks: every
+            # chain goes to it, so the first one waits the moment it may still take
+            self.starting.join(CLOSE_WAIT)
         with self._lock:
             if not self.submitted:
                 self.submitted = True
@@ -92,7 +96,8 @@ class AheadPlan:
         processes). Chains whose turn comes before it is up build here. A
         first build starts it before doit loads the tasks: loading keeps one
         core busy, and the cluster starts on the other. (A scheduler of the
-        user's is reached in a moment, and every chain then goes to it.)
+        user's is reached in a moment: started early, the first chain waits
+        for it, and every chain goes to it.)
         """
         self.starting = threading.Thread(target=self._start_in_background, daemon=True)
         self.starting.start()
@@ -105,7 +110,7 @@ class AheadPlan:
                 self.start_error = (
                     exc.message
                     if isinstance(exc, KilnError)  # says what failed
-                    else f"the Dask LocalCluster could not start: {_reason(exc)}"
+                    else f"the Dask client could not start: {_reason(exc)}"
                 )
                 if self.submitted:
                     self.waiting = None
@@ -299,12 +304,13 @@ def start(settings: ExecutorSettings, root: str, *, first_build: bool = False) -
     """Send chains ahead for this build (Kiln's build command only).
 
     ``first_build``: nothing was built in this state yet, so every chain is
-    stale: a LocalCluster starts at once rather than at the first stale
-    chain. (Started on every build, it cost a no-op build most of a second.)
+    stale: a LocalCluster starts (or the scheduler is reached) at once, while
+    doit loads the tasks, rather than at the first stale chain. (Started on
+    every build, a LocalCluster cost a no-op build most of a second.)
     """
     global _plan
     _plan = AheadPlan(settings, root)
-    if first_build and _plan.local_cluster:
+    if first_build and settings.kind == "dask":
         _plan.start_early()
     return _plan
 

@@ -384,13 +384,14 @@ class _SlowStart:
         self.closed = True
 
 
-def _plan_with(monkeypatch, fake, stale):
+def _plan_with(monkeypatch, fake, stale, address=None):
     from types import SimpleNamespace
 
     from kiln.tasks.chain.instance_spec import ExecutorSettings
     from kiln.tasks.execution import ahead
 
-    plan = ahead.AheadPlan(ExecutorSettings(kind="dask", workers=2), "/project")
+    settings = ExecutorSettings(kind="dask", workers=2, address=address)
+    plan = ahead.AheadPlan(settings, "/project")
     monkeypatch.setattr(plan, "_start", fake.start)
     monkeypatch.setattr(plan, "_stale", lambda first: stale)
     monkeypatch.setattr(plan, "_job", lambda spec, sources, known: (spec.instance, spec))
@@ -444,5 +445,18 @@ def test_a_local_cluster_that_cannot_start_is_one_warning_and_a_local_build(monk
     assert plan.take(specs["b"], {}, {}) is None
     err = capfd.readouterr().err
     assert err.count("warning") == 1 and "no room for workers" in err, err
-    assert "the Dask LocalCluster could not start: OSError" in err
+    assert "the Dask client could not start: OSError" in err
+    plan.close()
+
+
+def test_a_scheduler_reached_early_takes_every_chain_the_first_one_waits_for_it(monkeypatch):
+    """A scheduler of the user's is reached while doit loads; no chain builds here."""
+    fake = _SlowStart()
+    plan, specs = _plan_with(monkeypatch, fake, [], address="tcp://127.0.0.1:8786")
+    monkeypatch.setattr(plan, "_stale", lambda first: [specs["b"]])
+    plan.start_early()
+    threading.Timer(0.2, fake.release.set).start()  # connected while the first chain waits
+    batch, place = plan.take(specs["a"], {}, {})
+    assert fake.submitted == [["a"], ["b"]] and (batch.future, place) == (fake.futures[0], 0)
+    assert plan.take(specs["b"], {}, {})[0].future is fake.futures[1]
     plan.close()
