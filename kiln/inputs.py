@@ -211,6 +211,36 @@ def argument_problem(
     return None
 
 
+def npy_dims(
+    specs: Mapping[str, Any], params: Iterable[tuple[str, Any]], root: Path
+) -> dict[str, tuple[int, str]]:
+    """Dims fixed by ``.npy`` inputs: dim -> (size, the file that fixes it).
+
+    ``params``: the kernel's (argument, dims), a dim a name or a size. An
+    argument read from a file has that file's shape, so its named dims have
+    those sizes; a file that cannot be read, or whose rank differs, fixes
+    nothing here (the input check reports it).
+    """
+    fixed: dict[str, tuple[int, str]] = {}
+    for arg, dims in params:
+        spec = specs.get(arg)
+        if not dims or not isinstance(spec, Mapping) or "npy" not in spec:
+            continue
+        path = spec["npy"]
+        try:
+            import numpy as np
+
+            shape = np.load(root / path, mmap_mode="r", allow_pickle=False).shape
+        except Exception:  # reported by the input check, with its line
+            continue
+        if len(shape) != len(dims):
+            continue
+        for dim, size in zip(dims, shape, strict=True):
+            if isinstance(dim, str):
+                fixed.setdefault(dim, (int(size), str(path)))
+    return fixed
+
+
 def _npy_problem(path: str, dtype: str, shape, root: Path) -> InputProblem | None:
     import numpy as np
 

@@ -89,10 +89,29 @@ def draw_for(project: Project, inst: KernelInstance, count: int, seed: int) -> l
             found=f"def {inst.source.name}({', '.join(a for a, _ in inst.source.params)})",
             hint=f"`kiln test {inst.kernel}` checks it at its one shape",
         )
-    ranges = fuzz_ranges(project, inst.kernel, dims)
+    ranges = fuzz_bounds(project, inst, dims)
     options = [project.pipeline.stage_options(inst.kernel, s.name) for s in project.pipeline.stages]
     tiles = tile_sizes(project.kernel_machine(inst.kernel), options)
     return draw_bindings(dims, ranges, count, seed, tiles, inst.source.params)
+
+
+def fuzz_bounds(project: Project, inst: KernelInstance, dims: list[str]) -> dict:
+    """Each dim's (low, high): ``fuzz:``'s ranges, a dim read from a ``.npy`` input fixed
+    at that file's size (every binding then matches the file; none is skipped for it)."""
+    ranges = fuzz_ranges(project, inst.kernel, dims)
+    for dim, (size, _) in npy_fixed_dims(project, inst).items():
+        ranges[dim] = (size, size)
+    return ranges
+
+
+def npy_fixed_dims(project: Project, inst: KernelInstance) -> dict[str, tuple[int, str]]:
+    from kiln.inputs import npy_dims
+
+    try:
+        specs = project.pipeline.kernel(inst.kernel).input_specs()
+    except KeyError:  # an instance pipeline.yaml does not declare
+        return {}
+    return npy_dims(specs, inst.source.params, project.root)
 
 
 def run_fuzz(project: Project, instances: list[KernelInstance], args) -> int:
@@ -107,14 +126,17 @@ def run_fuzz(project: Project, instances: list[KernelInstance], args) -> int:
     unavailable = getattr(args, "unavailable", None) or {}
     runnable = [t for t in dict.fromkeys(targets) if t not in unavailable]
     dims = ", ".join(symbolic_dims(first.source.params))
+    fixed = npy_fixed_dims(project, first)
     if verbosity() > 0:
         print(
             f"kiln test: fuzzing {first.kernel} at {len(bindings)} shape binding(s) of {dims} "
             f"on {', '.join(runnable) or 'no target'} (seed {seed})",
             flush=True,
         )
+        for dim, (size, path) in fixed.items():
+            print(f"kiln test: {dim} = {size}, as {path} has it (an npy input)", flush=True)
     if len(bindings) < count:
-        ranges = fuzz_ranges(project, first.kernel, symbolic_dims(first.source.params))
+        ranges = fuzz_bounds(project, first, symbolic_dims(first.source.params))
         bounds = [ranges.get(d, (DEFAULT_LOW, DEFAULT_HIGH)) for d in bindings[0]]
         held = distinct_bindings(bounds)
         why = f"the fuzz ranges hold {held}" if held < count else "no more distinct ones came"

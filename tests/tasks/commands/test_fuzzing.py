@@ -243,3 +243,26 @@ def test_a_fuzz_range_for_a_dim_the_kernel_lacks_is_an_error_at_its_line(project
     assert "pipeline.yaml:7:" in proc.stderr
     assert "kernel 'scale' has no dim 'Q' to fuzz" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_dim_read_from_an_npy_input_is_fixed_at_the_files_size(project):
+    """Every binding matches the file: N comes from it, only M is drawn; none is skipped."""
+    import numpy as np
+
+    source = project / "kernels" / "fuzzme.py"
+    source.write_text(
+        source.read_text()
+        + '\n\n@device\ndef rows_by(x: Tensor["M", "N"], w: Tensor["N"]):\n    return x * w\n'
+    )
+    (project / "data").mkdir()
+    np.save(project / "data" / "w.npy", np.arange(1, 6, dtype=np.float32))
+    text = (project / "pipeline.yaml").read_text()
+    entry = "  rows_by:\n    shapes: {M: 4, N: 5}\n    inputs:\n      w: {npy: data/w.npy}\n"
+    (project / "pipeline.yaml").write_text(text.replace("kernels:\n", "kernels:\n" + entry, 1))
+    proc = run_kiln(project, "test", "rows_by", "--fuzz", "6", "--seed", "2", "-v")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "N = 5, as data/w.npy has it (an npy input)" in proc.stdout
+    assert summary(proc.stdout) == (6, 6, 0, 0, 2)
+    drawn = json.loads((project / "build/kiln/kernel/test-report.json").read_text())["fuzz"]
+    assert {b["binding"]["N"] for b in drawn["bindings"]} == {5}
+    assert len({b["binding"]["M"] for b in drawn["bindings"]}) == 6
