@@ -37,7 +37,7 @@ from kiln.tasks.chain.instance_spec import (
 from kiln.tasks.execution.chain_worker import decode_result
 
 log = get_logger("tasks")
-CLOSE_WAIT = 30  # seconds a finished build waits for a LocalCluster still starting
+CLOSE_WAIT = 30  # seconds the build waits for a Dask client (and LocalCluster) starting
 
 
 class AheadPlan:
@@ -55,7 +55,7 @@ class AheadPlan:
         self.submitted = False
         self.lost = False
         self.closed = False
-        self.starting: threading.Thread | None = None  # a LocalCluster starting (start_early)
+        self.starting: threading.Thread | None = None  # the Dask client starting (start_early)
         self.start_error: str | None = None
         self.executor = None
         self._lock = threading.Lock()
@@ -223,7 +223,10 @@ class AheadPlan:
 
     def close(self) -> None:
         starting = self.starting
-        if starting is not None:  # let it finish starting: it closes what it started
+        if starting is not None and self.local_cluster:
+            # let it finish starting (it closes what it started): its processes are ours.
+            # A scheduler of the user's is not waited for: one that does not answer
+            # would hold a build with nothing to send it for the whole connect timeout
             starting.join(CLOSE_WAIT)
         with self._lock:
             self.closed = True
