@@ -126,9 +126,11 @@ def _build_once(spec: InstanceSpec, out: Path) -> tuple[str, ChainResult | None,
         if found is not None:
             # a fetched entry's files are written first, its blobs then linked to them
             written: dict[str, FileSource] | None = {} if how == FETCHED else None
-            usable = _written_from_cache(spec, out, found, known, session.local, written)
-            if written is not None:
-                session.keep_fetched(key, found, written)
+            try:
+                usable = _written_from_cache(spec, out, found, known, session.local, written)
+            finally:  # kept even when writing failed: the next build finds it here
+                if written is not None:
+                    session.keep_fetched(key, found, written)
             if usable:
                 return how, None, os.getpid()
     result, pid = ahead.result_for(spec, sources, known)
