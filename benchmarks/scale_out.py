@@ -328,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         f"(median of {len(floors)}; {t_floor / t_noop:.2f}x the no-op)"
     )
     print(
+        "  runs, clone / floor in turn: "
+        + ", ".join(f"{c:.2f} / {f:.2f} s" for c, f in zip(clones, floors, strict=True))
+    )
+    print(
         f"  clone / floor: {clone_ratio:.2f}x (target <= {CLONE_TARGET}x, 0 compiled) "
         f"{targets.judge('clean clone', clone_ratio <= CLONE_TARGET and compiled == 0)}"
     )
