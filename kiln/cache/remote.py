@@ -1,8 +1,9 @@
 """The remote store: the same layout as the local one, at any fsspec URL.
 
-Every call runs under a deadline and a circuit breaker: the first failure
-(server down, permission denied, timeout) prints one warning and turns the
-remote off for the rest of the build, which goes on locally. Fetched blobs
+Every call runs under a deadline (but for a directory on a local disk,
+which cannot hang: kiln/cache/local_disk.py) and a circuit breaker: the
+first failure (server down, permission denied, timeout) prints one warning
+and turns the remote off for the rest of the build, which goes on locally. Fetched blobs
 are verified against their digest; a bad object is reported once, naming
 the key, and never used.
 """
@@ -15,6 +16,7 @@ import secrets
 import threading
 import time
 
+from kiln.cache.local_disk import on_local_disk
 from kiln.cache.store import action_entry, parse_action_entry, sha256
 from kiln.errors import KilnError
 from kiln.logconfig import warn
@@ -150,6 +152,7 @@ class RemoteStore:
         self._lock = threading.Lock()
         self._callers = threading.local()  # one serving thread per calling thread
         self.fs, self.root, self.protocol = None, "", url.split("://", 1)[0]
+        self.inline = False  # calls made here, not under a deadline on a thread
         self._open()
 
     def _open(self) -> None:
@@ -170,6 +173,7 @@ class RemoteStore:
             self._trip(f"{type(error).__name__} while connecting: {error}")
         else:
             self.fs, self.root, self.protocol = outcome["value"]
+            self.inline = self.protocol == "file" and on_local_disk(self.root)
 
     def _call(self, what: str, fn, *args, progress: list | None = None, writing: bool = False):
         """fn(*args) within the deadline; on any failure trip the breaker and return None.
@@ -179,17 +183,25 @@ class RemoteStore:
         bucket or root (s3fs says NoSuchBucket so), and the remote is down.
 
         The call runs on a daemon thread: a backend stuck past the deadline
-        (a dead NFS server) is abandoned and cannot hold up the exit.
+        (a dead NFS server) is abandoned and cannot hold up the exit. A
+        directory on a local disk is read here (``inline``): it cannot hang.
         """
         if self.broken:
             return None
         if self.breaker is not None and os.path.exists(self.breaker):
             self.broken = True  # another process of this build found the remote down
             return None
-        caller = getattr(self._callers, "caller", None)
-        if caller is None:
-            caller = self._callers.caller = DeadlineCaller()
-        outcome = caller.call(fn, args, self.timeout, progress)
+        if self.inline:  # a directory on a local disk: a read cannot hang (local_disk.py)
+            outcome = {}
+            try:
+                outcome["value"] = fn(*args)
+            except Exception as exc:  # as the serving thread hands it over
+                outcome["error"] = exc
+        else:
+            caller = getattr(self._callers, "caller", None)
+            if caller is None:
+                caller = self._callers.caller = DeadlineCaller()
+            outcome = caller.call(fn, args, self.timeout, progress)
         if outcome is None:
             self._trip(f"no answer within {self.timeout:g} s while {what}")
             return None
