@@ -175,6 +175,7 @@ def _write(
             made.add(head)
         local = data.replace(ROOT_PLACEHOLDER, root)
         digest = sha256(local)
+        identity = None  # (size, mtime, inode) as written, when the write says
         if store is not None and local == data:
             changed = store.place(digest, target, data)
         elif written is not None and local == data:
@@ -186,8 +187,9 @@ def _write(
             changed = write_bytes_atomic(target, local)
         log.info("%s: %s %s", spec.instance, "wrote" if changed else "unchanged", rel)
         if rel not in sides:  # artifacts and dumps: checked for damage at every load
-            st = os.stat(target)
-            entries[rel] = [st.st_size, st.st_mtime_ns, digest]
+            if identity is None:
+                identity = stat_identity(os.stat(target))
+            entries[rel] = [identity[0], identity[1], digest]
     chain_record.write(str(out), records)
     kept = [
         str(out / rel)
