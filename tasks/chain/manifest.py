@@ -182,9 +182,9 @@ def drop_damaged(
                 path = prefix + rel
                 try:
                     st = stat(path)  # the one syscall an intact file costs
-                except OSError:
-                    break
-                if entry != [st.st_size, st.st_mtime_ns]:
+                    if entry[1] != st.st_mtime_ns or entry[0] != st.st_size:
+                        break
+                except (OSError, LookupError, TypeError):  # gone, or a damaged index entry
                     break
                 seen.append(path)
             else:
