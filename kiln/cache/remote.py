@@ -3,9 +3,9 @@
 Every call runs under a deadline (but for a directory on a local disk,
 which cannot hang: kiln/cache/local_disk.py) and a circuit breaker: the
 first failure (server down, permission denied, timeout) prints one warning
-and turns the remote off for the rest of the build, which goes on locally. Fetched blobs
-are verified against their digest; a bad object is reported once, naming
-the key, and never used.
+and turns the remote off for the rest of the build, which goes on locally.
+Fetched blobs are verified against their digest; a bad object is reported
+once, naming the key, and never used.
 """
 
 from __future__ import annotations
@@ -128,11 +128,16 @@ def _serve(jobs: queue.SimpleQueue) -> None:
         if job is None:
             return
         fn, args, outcome, done = job
-        try:
-            outcome["value"] = fn(*args)
-        except BaseException as exc:  # handed to the caller
-            outcome["error"] = exc
+        outcome.update(call_outcome(fn, args, BaseException))  # all of it, to the caller
         done.set()
+
+
+def call_outcome(fn, args: tuple, catch: type[BaseException] = Exception) -> dict:
+    """``{"value": fn(*args)}``, or ``{"error": exc}`` for an exception of ``catch``."""
+    try:
+        return {"value": fn(*args)}
+    except catch as exc:
+        return {"error": exc}
 
 
 class RemoteStore:
@@ -192,11 +197,7 @@ class RemoteStore:
             self.broken = True  # another process of this build found the remote down
             return None
         if self.inline:  # a directory on a local disk: a read cannot hang (local_disk.py)
-            outcome = {}
-            try:
-                outcome["value"] = fn(*args)
-            except Exception as exc:  # as the serving thread hands it over
-                outcome["error"] = exc
+            outcome = call_outcome(fn, args)  # Ctrl-C goes on up, as from the caller's wait
         else:
             caller = getattr(self._callers, "caller", None)
             if caller is None:

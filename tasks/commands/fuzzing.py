@@ -79,8 +79,11 @@ def fuzz_ranges(project: Project, kernel: str, dims: list[str]) -> dict[str, tup
     return ranges
 
 
-def draw_for(project: Project, inst: KernelInstance, count: int, seed: int) -> list[dict]:
-    """The bindings ``--fuzz count --seed seed`` checks for ``inst``'s kernel."""
+def draw_for(
+    project: Project, inst: KernelInstance, count: int, seed: int, bounds: dict | None = None
+) -> list[dict]:
+    """The bindings ``--fuzz count --seed seed`` checks for ``inst``'s kernel;
+    ``bounds``: its ``fuzz_bounds`` when the caller has them already."""
     dims = symbolic_dims(inst.source.params)
     if not dims:
         raise KilnError(
@@ -89,17 +92,20 @@ def draw_for(project: Project, inst: KernelInstance, count: int, seed: int) -> l
             found=f"def {inst.source.name}({', '.join(a for a, _ in inst.source.params)})",
             hint=f"`kiln test {inst.kernel}` checks it at its one shape",
         )
-    ranges = fuzz_bounds(project, inst, dims)
+    ranges = fuzz_bounds(project, inst, dims) if bounds is None else bounds
     options = [project.pipeline.stage_options(inst.kernel, s.name) for s in project.pipeline.stages]
     tiles = tile_sizes(project.kernel_machine(inst.kernel), options)
     return draw_bindings(dims, ranges, count, seed, tiles, inst.source.params)
 
 
-def fuzz_bounds(project: Project, inst: KernelInstance, dims: list[str]) -> dict:
+def fuzz_bounds(
+    project: Project, inst: KernelInstance, dims: list[str], fixed: dict | None = None
+) -> dict:
     """Each dim's (low, high): ``fuzz:``'s ranges, a dim read from a ``.npy`` input fixed
-    at that file's size (every binding then matches the file; none is skipped for it)."""
+    at that file's size (every binding then matches the file; none is skipped for it).
+    ``fixed``: ``npy_fixed_dims``, when the caller has read them already."""
     ranges = fuzz_ranges(project, inst.kernel, dims)
-    for dim, (size, _) in npy_fixed_dims(project, inst).items():
+    for dim, (size, _) in (npy_fixed_dims(project, inst) if fixed is None else fixed).items():
         ranges[dim] = (size, size)
     return ranges
 
@@ -121,12 +127,13 @@ def run_fuzz(project: Project, instances: list[KernelInstance], args) -> int:
 
     count, seed = args.fuzz, args.seed
     first = instances[0]
-    bindings = draw_for(project, first, count, seed)
+    fixed = npy_fixed_dims(project, first)  # each .npy input read once
+    bounds = fuzz_bounds(project, first, symbolic_dims(first.source.params), fixed)
+    bindings = draw_for(project, first, count, seed, bounds)
     targets = args.target or default_targets(project)
     unavailable = getattr(args, "unavailable", None) or {}
     runnable = [t for t in dict.fromkeys(targets) if t not in unavailable]
     dims = ", ".join(symbolic_dims(first.source.params))
-    fixed = npy_fixed_dims(project, first)
     if verbosity() > 0:
         print(
             f"kiln test: fuzzing {first.kernel} at {len(bindings)} shape binding(s) of {dims} "
@@ -136,9 +143,7 @@ def run_fuzz(project: Project, instances: list[KernelInstance], args) -> int:
         for dim, (size, path) in fixed.items():
             print(f"kiln test: {dim} = {size}, as {path} has it (an npy input)", flush=True)
     if len(bindings) < count:
-        ranges = fuzz_bounds(project, first, symbolic_dims(first.source.params))
-        bounds = [ranges.get(d, (DEFAULT_LOW, DEFAULT_HIGH)) for d in bindings[0]]
-        held = distinct_bindings(bounds)
+        held = distinct_bindings([bounds.get(d, (DEFAULT_LOW, DEFAULT_HIGH)) for d in bindings[0]])
         why = f"the fuzz ranges hold {held}" if held < count else "no more distinct ones came"
         print(f"kiln test: {len(bindings)} of {count} binding(s) drawn: {why}")
     scratch = project.state_dir / FUZZ_DIR
