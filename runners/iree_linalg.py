@@ -201,6 +201,11 @@ def matmul(f: MlirFunc, node: Node) -> str:
             flat = [int(np.prod(shapes[k][:-2]))] + shapes[k][-2:]
             src = ttype(shapes[k], elem)
             values[k], shapes[k] = f.collapse(values[k], groups, src, ttype(flat, elem)), flat
+    if len(shapes[0]) == 3:
+        # iree-compile 3.13 with data tiling miscompiles a batch_matmul whose operand is
+        # a fused broadcasting elementwise op (every batch after the first came out wrong):
+        # the barrier keeps each operand a tensor of its own
+        values = [f.barrier(v, ttype(s, elem)) for v, s in zip(values, shapes, strict=True)]
     out_shape = shapes[0][:-1] + shapes[1][-1:]
     init, tout = f.fill("0.0" if acc == "f32" else "0", acc, out_shape), ttype(out_shape, acc)
     op = "linalg.matmul" if rank == 2 else "linalg.batch_matmul"

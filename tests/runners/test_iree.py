@@ -358,6 +358,16 @@ def test_broadcast_operand_of_a_matmul_compiles(runner):
     check(runner, b.graph(*outs))
 
 
+def test_batched_matmul_of_a_broadcasting_elementwise_result_matches_oracle(runner):
+    """softmax(s) @ v: with data tiling, iree-compile 3.13 fused the broadcasting
+    subtraction into the batch_matmul's operand and every batch after the first
+    came out wrong (zeros or garbage)."""
+    b = GraphBuilder("attention_tail")
+    s, m, v = b.arg((2, 7, 11)), b.arg((2, 7, 1)), b.arg((2, 11, 13))
+    centred = b.sub(s, b.bcast(m, (2, 7, 11)))
+    check(runner, b.graph(b.matmul(centred, v)), tolerance={"f32": MATMUL_F32})
+
+
 # -- runner behaviour -------------------------------------------------------
 
 
