@@ -392,6 +392,8 @@ def dram_homes(plan: Planner) -> tuple[list[visa.DramTensor], dict[int, str], di
             and _is_contig(node.shape, ref.strides)
             and ref.base in defined
             and ref.base not in home
+            # the output is the whole of its base (a leading slice is a view, not a home)
+            and graph.node(ref.base).type.size == node.type.size
         ):
             home[ref.base] = name
         else:

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import kiln
+from kiln import Tensor, device
 from kiln.errors import ArtifactError, StageError, VerifyError
 from kiln.ir import visa
 from kiln.ir.graph import Graph, Node, TensorType, make_attrs
@@ -134,6 +136,33 @@ def test_reshape_and_broadcast_are_views_not_copies():
     program = lower(graph)
     assert ops(program) == ["load", "exp", "store", "load", "load", "mul", "store"]
     assert program.instrs[4].srcs[0].strides == (1, 0)
+
+
+def _leading_part_of_a_concat(a):
+    return kiln.concatenate([a, a])[:7]
+
+
+def _first_row_of_a_stack(a):
+    return kiln.stack([a, a])[0]
+
+
+def _arange_of_an_odd_length(a):
+    return kiln.arange(a.shape[0])
+
+
+@pytest.mark.parametrize(
+    "body", [_leading_part_of_a_concat, _first_row_of_a_stack, _arange_of_an_odd_length]
+)
+def test_an_output_that_is_part_of_a_computed_value_is_copied_out(body):
+    """A leading slice starts at offset 0 and is contiguous, but it is not the whole
+    value: the value keeps a home of its own and the output is copied from it (it was
+    made the output's home, and the stores ran past the output's end)."""
+    fn = device(body)
+    fn.__annotations__["a"] = Tensor["N"]
+    graph = trace(fn, {"N": 7}, "f32")
+    program = lower(graph)
+    assert program.instrs[-1].op == "store"
+    compile_and_run(program, graph)
 
 
 def test_scalar_constants_are_immediates():
