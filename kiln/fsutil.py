@@ -26,8 +26,8 @@ def write_with_identity(path: str | os.PathLike, data: bytes) -> tuple[int, int,
     """``write_bytes_atomic``, returning the written file's (size, mtime, inode).
 
     None when the file already held ``data`` (left alone). The identity is
-    the file's as written, read from its descriptor: a hard link made to it
-    afterwards can be checked to be that very file (LocalStore.put_blob).
+    the file's as written, read from its descriptor: the manifest records it
+    without a second stat.
     """
     return _write_atomic(os.fspath(path), data, identity=True)
 

@@ -102,16 +102,3 @@ def test_a_symlink_is_replaced_by_the_file_never_written_through(tmp_path):
     assert not target.is_symlink() and target.read_bytes() == b"lir bytes"
     assert elsewhere.read_bytes() == b"lir bytes"  # what it pointed at is left alone
     assert write_bytes_atomic(target, b"lir bytes") is False  # a real file: unchanged
-
-
-def test_a_cached_file_replaces_a_symlink_in_its_place(tmp_path):
-    from kiln.cache.store import LocalStore, sha256
-
-    store = LocalStore(tmp_path / "store")
-    digest = store.put_blob(b"edf bytes")
-    target = tmp_path / "out" / "kernel.edf"
-    target.parent.mkdir()
-    target.symlink_to(store.blob_path(digest))  # the blob itself, behind a link
-    assert store.place(digest, str(target), b"edf bytes") is True
-    assert not target.is_symlink() and target.read_bytes() == b"edf bytes"
-    assert sha256(target.read_bytes()) == digest

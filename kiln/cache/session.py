@@ -10,7 +10,7 @@ import json
 import threading
 
 from kiln.cache.config import CacheConfig
-from kiln.cache.store import FileSource, LocalStore
+from kiln.cache.store import LocalStore
 from kiln.fsutil import write_bytes_atomic
 
 HIT, FETCHED, COMPILED = "hit", "fetched", "compiled"
@@ -33,14 +33,11 @@ class CacheSession:
                 breaker_dir=config.local_dir,
             )
         self.warned_unwritable = False
-        self._unkept: dict[str, dict[str, str]] = {}  # fetched, not yet kept: their digests
 
-    def lookup(self, key: str, *, keep: bool = True) -> tuple[dict[str, bytes] | None, str]:
+    def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
         """(outputs, how): from the local store (hit), the remote (fetched), or None.
 
-        A fetched action is kept in the local store, verified (never hashed
-        again); with ``keep`` False only once the caller has written its
-        files and calls ``keep_fetched``, so that the blobs can be links to them.
+        A fetched action is kept in the local store, verified (never hashed again).
         """
         found = self.local.lookup(key)
         if found is not None:
@@ -48,31 +45,13 @@ class CacheSession:
         if self.remote is not None:
             fetched = self.remote.lookup_verified(key)
             if fetched is not None:
-                if keep:
-                    self._keep(key, *fetched)
-                else:
-                    self._unkept[key] = fetched[1]
+                self._keep(key, *fetched)
                 return fetched[0], FETCHED
         return None, COMPILED
 
-    def keep_fetched(
-        self, key: str, found: dict[str, bytes], sources: dict[str, FileSource]
-    ) -> None:
-        """Keep an action fetched by ``lookup(key, keep=False)``; ``sources``: by output
-        name, files just written with those very bytes (the blobs become links to them)."""
-        digests = self._unkept.pop(key, None)
-        if digests is not None:
-            self._keep(key, found, digests, sources)
-
-    def _keep(
-        self,
-        key: str,
-        found: dict[str, bytes],
-        digests: dict[str, str],
-        sources: dict[str, FileSource] | None = None,
-    ) -> None:
+    def _keep(self, key: str, found: dict[str, bytes], digests: dict[str, str]) -> None:
         try:
-            self.local.store(key, found, digests, sources)  # verified on fetch: not hashed
+            self.local.store(key, found, digests)  # verified on fetch: not hashed
         except OSError as exc:
             self.store_failed(exc)
         except Exception as exc:  # a copy the build can do without: never stop the build
@@ -80,14 +59,9 @@ class CacheSession:
 
             get_logger("cache").warning("could not keep action %s locally: %s", key, exc)
 
-    def store(
-        self,
-        key: str,
-        outputs: dict[str, bytes],
-        sources: dict[str, FileSource] | None = None,
-    ) -> None:
-        """Store outputs just built; ``sources``: files holding them (see LocalStore.store)."""
-        digests = self.local.store(key, outputs, sources=sources)
+    def store(self, key: str, outputs: dict[str, bytes]) -> None:
+        """Store outputs just built, locally and (uploads on) in the remote."""
+        digests = self.local.store(key, outputs)
         if self.remote is not None:
             self.remote.store(key, outputs, digests)
 

@@ -2,44 +2,32 @@
 
 Layout: ``cas/ab/<digest>`` holds bytes whose sha256 is ``<digest>``;
 ``ac/cd/<key>.json`` maps an action key to its output digests. Every write
-is atomic (temp file + rename, or a hard link made under its final name),
+is atomic (temp file + rename),
 so concurrent builds sharing the directory never see half an object, and
 two writers of one key write the same bytes.
 
-A blob and the build artifact holding the same bytes share one file (a
-hard link) where both live on one file system: a clean clone then writes
-each artifact once, not twice. Two rules keep that safe. Every blob read
-is hashed, so a blob changed through its other name (an artifact edited in
-place) is dropped, never returned. And a blob's mtime is never touched,
-since it is also the artifact's, which doit compares: a read touches the
-action entry instead, and ``gc`` drops the least recently used entries and
-the blobs no entry left needs.
+Every blob is a file of its own, never shared with an out dir's artifact:
+an artifact edited in place (an editor saving ``kernel.visa``) changes that
+project's file only, never the store or another project that fetched the
+same bytes. Every blob read is hashed, so a blob damaged on disk is
+dropped, never returned. A read touches the action entry, and ``gc`` drops
+the least recently used entries and the blobs no entry left needs.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import re
 import shutil
 import stat
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.fsutil import holds, stat_identity, write_bytes_atomic
-from kiln.tempnames import temp_path
+from kiln.fsutil import write_bytes_atomic
 
-# link(2) failures that mean "no hard links between these two places" (others, such as
-# EMLINK or a protected_hardlinks EPERM, are about one file: copy it, link the next)
-_NO_LINKS = {errno.EXDEV, errno.ENOTSUP, errno.EOPNOTSUPP}
-# An identity (size, mtime, inode) read this close to the file's mtime may miss a
-# same-size write in the same tick of a coarse file system clock (ext4 and tmpfs
-# before Linux 6.13 tick every few ms): such a file is compared by content instead.
-RACY_NS = 2_000_000_000
 # The output names an action entry may hold: one primary output (a stage's
 # artifact, a test report, an IREE module) and, beside an artifact, side
 # artifacts "side/<file name>" written next to it.
@@ -50,8 +38,6 @@ SIDE_PREFIX = "side/"
 CHAIN_RECORD = "record"
 FILE_PREFIX = "file/"
 MAX_FILE_DEPTH = 4
-# A file holding a blob's very bytes: (path, (size, mtime_ns, inode) as it was read or written)
-FileSource = tuple[str, tuple[int, int, int]]
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _PLAIN_FILE = re.compile(r"[^/\\\x00]{1,255}")  # one path component, nothing that climbs
 
@@ -70,7 +56,6 @@ class StoreSize:
     entries: int
     blobs: int
     bytes: int
-    shared: int = 0  # bytes of blobs that are also a build's artifacts (hard links)
 
 
 class LocalStore:
@@ -81,10 +66,6 @@ class LocalStore:
         # the hot paths build file names as strings: pathlib costs more than the I/O here
         self._cas = os.path.join(root, "cas")
         self._ac = os.path.join(root, "ac")
-        # blobs this process wrote or verified, by digest: (path, identity then, when);
-        # a link to one is trusted while its file still has that identity (see ``place``)
-        self._known: dict[str, tuple[str, tuple[int, int, int], int]] = {}
-        self.links = True  # False once the file system refused a hard link: copy instead
 
     def blob_path(self, digest: str) -> Path:
         return Path(self._blob_file(digest))
@@ -104,28 +85,16 @@ class LocalStore:
         path = self._blob_file(digest)
         try:
             with open(path, "rb") as f:
-                identity = stat_identity(os.fstat(f.fileno()))
                 data = f.read()
         except OSError:
             return None
         if sha256(data) != digest:
             _unlink(path)
             return None
-        self._known[digest] = (path, identity, time.time_ns())
         return data
 
-    def put_blob(
-        self,
-        data: bytes,
-        digest: str | None = None,
-        source: FileSource | None = None,
-    ) -> str:
-        """Store ``data``; ``digest`` is its sha256 when the caller has just verified it.
-
-        ``source``: (path, identity) of a file that held exactly ``data`` when
-        it had that identity (an artifact just written or read): the blob is
-        then a hard link to it, checked to be that very file, not a copy.
-        """
+    def put_blob(self, data: bytes, digest: str | None = None) -> str:
+        """Store ``data``; ``digest`` is its sha256 when the caller has just verified it."""
         digest = digest or sha256(data)
         path = self._blob_file(digest)
         try:
@@ -134,87 +103,8 @@ class LocalStore:
             _remove_squatter(path)  # a directory (made by hand) in the blob's place
         except OSError:
             pass
-        if source is not None and self.links:
-            linked = self._link_in(source, path)
-            if linked is not None:
-                if linked:
-                    self._known[digest] = (path, source[1], time.time_ns())
-                return digest  # linked, or another writer stored it first
         write_bytes_atomic(path, data)
-        try:
-            self._known[digest] = (path, stat_identity(os.stat(path)), time.time_ns())
-        except OSError:
-            pass
         return digest
-
-    def _link_in(self, source: FileSource, path: str) -> bool | None:
-        """Make ``path`` a hard link to ``source``'s file if it still is the file it was.
-
-        True: linked; False: stored by another writer first; None: not linked.
-        """
-        try:
-            try:
-                os.link(source[0], path)
-            except FileNotFoundError:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                os.link(source[0], path)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno in _NO_LINKS:
-                self.links = False
-            return None
-        try:
-            same = stat_identity(os.stat(path)) == source[1]
-        except OSError:
-            same = False
-        if not same:  # replaced since it was read: the link may hold other bytes
-            _unlink(path)
-            return None
-        return True
-
-    def place(self, digest: str, target: str, data: bytes) -> bool:
-        """Write ``data`` (whose sha256 is ``digest``) to ``target`` atomically.
-
-        A hard link to the blob when this process wrote or verified it and
-        its file is unchanged since, else a plain write; ``target`` is left
-        alone (mtime too) when it already holds ``data``. True when written.
-        """
-        known = self._known.get(digest) if self.links else None
-        if known is None:
-            return write_bytes_atomic(target, data)
-        blob, identity, seen_at = known
-        try:
-            current = os.lstat(target)  # a symlink is replaced, never kept (write_bytes_atomic)
-        except OSError:
-            current = None
-        if current is not None and stat.S_ISREG(current.st_mode) and current.st_size == len(data):
-            if stat_identity(current) == identity or holds(target, data):
-                return False  # already that very file, or those very bytes
-        head = os.path.dirname(target)
-        tmp = temp_path(target)
-        try:
-            try:
-                os.link(blob, tmp)
-            except FileNotFoundError:
-                if not os.path.exists(blob):
-                    raise
-                os.makedirs(head or ".", exist_ok=True)
-                os.link(blob, tmp)
-            if stat_identity(os.stat(tmp)) != identity or (
-                seen_at - identity[1] < RACY_NS and not holds(tmp, data)
-            ):
-                raise FileNotFoundError(blob)  # the blob changed since: not that file
-            os.replace(tmp, target)
-            return True
-        except OSError as exc:
-            _unlink(tmp)
-            if exc.errno in _NO_LINKS:
-                self.links = False
-            return write_bytes_atomic(target, data)
-        except BaseException:  # Ctrl-C: no temp file left behind
-            _unlink(tmp)
-            raise
 
     # -- action entries --------------------------------------------------------
     def get_action(self, key: str) -> dict[str, str] | None:
@@ -253,23 +143,11 @@ class LocalStore:
         return found
 
     def store(
-        self,
-        key: str,
-        outputs: dict[str, bytes],
-        digests: dict[str, str] | None = None,
-        sources: dict[str, FileSource] | None = None,
+        self, key: str, outputs: dict[str, bytes], digests: dict[str, str] | None = None
     ) -> dict[str, str]:
-        """Store the outputs of ``key``; ``digests``: theirs by name, when already verified.
-
-        ``sources``: by name, (path, identity) of files holding those very
-        bytes, to link rather than copy (see ``put_blob``).
-        """
+        """Store the outputs of ``key``; ``digests``: theirs by name, when already verified."""
         known = digests or {}
-        files = sources or {}
-        digests = {
-            name: self.put_blob(data, known.get(name), files.get(name))
-            for name, data in outputs.items()
-        }
+        digests = {name: self.put_blob(data, known.get(name)) for name, data in outputs.items()}
         self.put_action(key, digests)
         return digests
 
@@ -284,8 +162,7 @@ class LocalStore:
         blobs = [st for p in self.files("cas") if (st := _stat(p)) is not None]
         actions = self.files("ac")
         total = sum(st.st_size for st in blobs) + sum(_size(p) for p in actions)
-        shared = sum(st.st_size for st in blobs if st.st_nlink > 1)
-        return StoreSize(entries=len(actions), blobs=len(blobs), bytes=total, shared=shared)
+        return StoreSize(entries=len(actions), blobs=len(blobs), bytes=total)
 
     def gc(self, max_bytes: int) -> tuple[int, int]:
         """Drop least recently used action entries until the store fits ``max_bytes``.

@@ -100,10 +100,7 @@ def cmd_cache(args) -> int:
         size = store.size()
         last = _last_build(store.root / "last-build.json")
         print(f"kiln cache: {store.root}")
-        shared = f" ({_human(size.shared)} of it shared with out dirs)" if size.shared else ""
-        print(
-            f"  entries: {size.entries} actions, {size.blobs} blobs, {_human(size.bytes)}{shared}"
-        )
+        print(f"  entries: {size.entries} actions, {size.blobs} blobs, {_human(size.bytes)}")
         if last:
             print(
                 f"  last build: {last.get('hit', 0)} local hits, {last.get('fetched', 0)} "
@@ -117,9 +114,6 @@ def cmd_cache(args) -> int:
         removed, freed = store.gc(limit)
         size = store.size()
         print(f"kiln cache: removed {removed} files ({_human(freed)}); now {_human(size.bytes)}")
-        if size.shared:
-            # a blob that is also an artifact frees its disk only when the artifact goes too
-            print(f"  {_human(size.shared)} of it shared with out dirs (hard links)")
         return 0
     if args.cache_command == "push":
         return _push(store, args.remote)

@@ -17,16 +17,11 @@ import os
 import traceback
 from pathlib import Path
 
-from kiln.cache.session import COMPILED, FETCHED, session_for
-from kiln.cache.store import FileSource, sha256
+from kiln.cache.session import COMPILED, session_for
+from kiln.cache.store import sha256
 from kiln.driver import ChainResult, StageFailed, StageRecord, run_chain
 from kiln.errors import KilnError, Location, StageError, environment_error
-from kiln.fsutil import (
-    remove_stale_tmp,
-    stat_identity,
-    write_bytes_atomic,
-    write_with_identity,
-)
+from kiln.fsutil import remove_stale_tmp, stat_identity, write_with_identity
 from kiln.logconfig import get_logger
 from kiln.tasks.chain import chain_record, manifest
 from kiln.tasks.chain.cached_outputs import ROOT_PLACEHOLDER, portable
@@ -122,17 +117,9 @@ def _build_once(spec: InstanceSpec, out: Path) -> tuple[str, ChainResult | None,
     session = session_for(spec.cache) if spec.cache is not None else None
     key = spec.chain.key(sources) if session is not None else None
     if session is not None:
-        found, how = session.lookup(key, keep=False)
-        if found is not None:
-            # a fetched entry's files are written first, its blobs then linked to them
-            written: dict[str, FileSource] | None = {} if how == FETCHED else None
-            try:
-                usable = _written_from_cache(spec, out, found, known, session.local, written)
-            finally:  # kept even when writing failed: the next build finds it here
-                if written is not None:
-                    session.keep_fetched(key, found, written)
-            if usable:
-                return how, None, os.getpid()
+        found, how = session.lookup(key)
+        if found is not None and _written_from_cache(spec, out, found, known):
+            return how, None, os.getpid()
     result, pid = ahead.result_for(spec, sources, known)
     if result is None:
         add_project_root(spec.root)
@@ -150,16 +137,11 @@ def _write(
     files: dict[str, bytes],
     known: dict[str, StageRecord],
     records: list[StageRecord],
-    store=None,
-    written: dict[str, FileSource] | None = None,
 ) -> None:
     """Write the files whose bytes changed, then the record, then the manifest.
 
-    ``store``: the local store the files came from; a file is then a hard
-    link to its blob where it can be (LocalStore.place). ``written``: filled
-    with the files written holding the entry's very bytes, by output name,
-    for the store to link its blobs to (a fetched entry). Either way a clean
-    clone writes each file once.
+    Each is a file of its own (never a link to the store's blob): an edit
+    made in place in one out dir changes nothing else.
     """
     root = spec.root.encode()
     sides = {f for r in records for f in r.files if not f.startswith("dumps/")}
@@ -175,16 +157,8 @@ def _write(
             made.add(head)
         local = data.replace(ROOT_PLACEHOLDER, root)
         digest = sha256(local)
-        identity = None  # (size, mtime, inode) as written, when the write says
-        if store is not None and local == data:
-            changed = store.place(digest, target, data)
-        elif written is not None and local == data:
-            identity = write_with_identity(target, local)
-            changed = identity is not None
-            if identity is not None:
-                written[FILE_PREFIX + rel] = (target, identity)
-        else:
-            changed = write_bytes_atomic(target, local)
+        identity = write_with_identity(target, local)  # (size, mtime, inode); None: unchanged
+        changed = identity is not None
         log.info("%s: %s %s", spec.instance, "wrote" if changed else "unchanged", rel)
         if rel not in sides:  # artifacts and dumps: checked for damage at every load
             if identity is None:
@@ -208,14 +182,8 @@ def _written_from_cache(
     out: Path,
     found: dict[str, bytes],
     known: dict[str, StageRecord],
-    store,
-    written: dict[str, FileSource] | None = None,
 ) -> bool:
-    """Write a cached chain's files; False (nothing written) for an entry that is not one.
-
-    ``written`` given (a fetched entry): the files are written, not linked to
-    the store's blobs, and listed there (see ``_write``).
-    """
+    """Write a cached chain's files; False (nothing written) for an entry that is not one."""
     raw = found.get(RECORD_OUTPUT)
     records = chain_record.decode(raw) if raw is not None else {}
     names = [s.name for s in spec.chain.stages]
@@ -225,11 +193,7 @@ def _written_from_cache(
     wanted = {*spec.chain.files(), *(f for r in records.values() for f in r.files)}
     if not all(f in files or f in _dump_dirs(spec) for f in wanted):
         return False
-    records_in_order = [records[n] for n in names]
-    if written is None:
-        _write(spec, out, files, known, records_in_order, store)
-    else:
-        _write(spec, out, files, known, records_in_order, written=written)
+    _write(spec, out, files, known, [records[n] for n in names])
     return True
 
 
@@ -241,7 +205,6 @@ def _store(spec: InstanceSpec, out: Path, session, key: str, result: ChainResult
     """Put the whole chain's outputs in the cache as one entry (kept stages read back)."""
     try:
         outputs = {RECORD_OUTPUT: chain_record.encode(result.records)}
-        files = {}  # the out dir's files holding their blob's very bytes: stored as links
         for record, stage in zip(result.records, spec.chain.stages, strict=True):
             for rel in (stage.artifact, *record.files):
                 path = out / rel
@@ -250,9 +213,7 @@ def _store(spec: InstanceSpec, out: Path, session, key: str, result: ChainResult
                     data = path.read_bytes()
                 stored = data if rel == stage.artifact else portable(data, spec.root)
                 outputs[FILE_PREFIX + rel] = stored
-                if stored is data or stored == data:
-                    files[FILE_PREFIX + rel] = (str(path), stat_identity(os.stat(path)))
-        session.store(key, outputs, files)
+        session.store(key, outputs)
     except OSError as exc:  # a full or read-only cache disk costs speed, not the build
         session.store_failed(exc)
 

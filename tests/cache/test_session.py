@@ -35,43 +35,6 @@ def test_a_fetched_action_is_in_the_local_store_at_once(tmp_path):
     assert session.remote.fetched_bytes == fetched
 
 
-def test_a_fetch_kept_after_its_files_are_written_links_the_blobs_to_them(tmp_path):
-    """A clean clone writes each file once: the out dir's file, then the blob as a link."""
-    import os
-
-    from kiln.fsutil import write_with_identity
-
-    session = _session(tmp_path, _team(tmp_path, b"edf bytes"))
-    found, how = session.lookup(KEY, keep=False)
-    assert (found, how) == ({"artifact": b"edf bytes"}, FETCHED)
-    assert LocalStore(tmp_path / "local").lookup(KEY) is None  # not kept yet
-    target = tmp_path / "out" / "kernel.edf"
-    identity = write_with_identity(target, found["artifact"])
-    session.keep_fetched(KEY, found, {"artifact": (str(target), identity)})
-    blob = LocalStore(tmp_path / "local").blob_path(sha256(b"edf bytes"))
-    assert os.stat(blob).st_ino == os.stat(target).st_ino
-    assert LocalStore(tmp_path / "local").lookup(KEY) == {"artifact": b"edf bytes"}
-    session.keep_fetched(KEY, found, {})  # kept once: a second call has nothing to keep
-    assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, HIT)
-
-
-def test_a_fetch_whose_file_changed_before_it_was_kept_is_copied_not_linked(tmp_path):
-    import os
-
-    from kiln.fsutil import write_with_identity
-
-    session = _session(tmp_path, _team(tmp_path, b"edf bytes"))
-    found, _ = session.lookup(KEY, keep=False)
-    target = tmp_path / "out" / "kernel.edf"
-    identity = write_with_identity(target, found["artifact"])
-    target.unlink()
-    target.write_bytes(b"edited by hand")  # another file now: never the blob
-    session.keep_fetched(KEY, found, {"artifact": (str(target), identity)})
-    blob = LocalStore(tmp_path / "local").blob_path(sha256(b"edf bytes"))
-    assert os.stat(blob).st_ino != os.stat(target).st_ino
-    assert LocalStore(tmp_path / "local").lookup(KEY) == {"artifact": b"edf bytes"}
-
-
 def _fetch_in_child(local_dir: str, url: str, queue) -> None:
     session = CacheSession(CacheConfig(local_dir=local_dir, remote=url))
     session.lookup(KEY)

@@ -1,9 +1,7 @@
-"""The local content-addressed store: round trips, damage, LRU gc, verify, concurrent writers,
-and blobs shared with the build's artifacts as hard links."""
+"""The local content-addressed store: round trips, damage, LRU gc, verify, concurrent writers."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import threading
@@ -12,7 +10,6 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from kiln.cache.store import LocalStore, default_cache_dir, parse_action_entry, sha256
-from kiln.fsutil import stat_identity
 
 
 def test_outputs_round_trip_by_content(tmp_path):
@@ -105,93 +102,6 @@ def test_concurrent_writers_of_one_key_leave_one_whole_object(tmp_path):
     assert not [p for p in tmp_path.rglob("*.tmp")]
 
 
-def _artifact(tmp_path, data: bytes, name: str = "kernel.edf"):
-    path = tmp_path / "build" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    return str(path), stat_identity(os.stat(path))
-
-
-def test_a_blob_stored_from_its_artifact_is_that_file(tmp_path):
-    store = LocalStore(tmp_path / "store")
-    source = _artifact(tmp_path, b"binary")
-    digest = store.put_blob(b"binary", source=source)
-    blob = store.blob_path(digest)
-    assert os.stat(blob).st_ino == os.stat(source[0]).st_ino
-    assert os.stat(blob).st_nlink == 2
-    assert store.get_blob(digest) == b"binary"
-
-
-def test_an_artifact_replaced_since_it_was_read_is_copied_not_linked(tmp_path):
-    store = LocalStore(tmp_path / "store")
-    path, identity = _artifact(tmp_path, b"first")
-    os.replace(_artifact(tmp_path, b"other", "next.edf")[0], path)  # a rebuild's rename
-    digest = store.put_blob(b"first", source=(path, identity))
-    assert os.stat(store.blob_path(digest)).st_ino != os.stat(path).st_ino
-    assert store.blob_path(digest).read_bytes() == b"first"
-
-
-def test_without_hard_links_the_store_copies(tmp_path, monkeypatch):
-    def refuse(src, dst):
-        raise OSError(errno.EXDEV, "Invalid cross-device link")
-
-    monkeypatch.setattr(os, "link", refuse)
-    store = LocalStore(tmp_path / "store")
-    digest = store.put_blob(b"bytes", source=_artifact(tmp_path, b"bytes"))
-    assert store.blob_path(digest).read_bytes() == b"bytes"
-    assert store.links is False  # asked once, not for every blob
-    target = tmp_path / "build" / "copy.edf"
-    assert store.place(digest, str(target), b"bytes")
-    assert target.read_bytes() == b"bytes"
-
-
-def test_reading_a_blob_leaves_its_mtime_alone(tmp_path):
-    # the blob's mtime is also its artifact's, which doit compares to decide what to rerun
-    store = LocalStore(tmp_path / "store")
-    path, identity = _artifact(tmp_path, b"lir bytes")
-    store.store("c" * 64, {"artifact": b"lir bytes"}, sources={"artifact": (path, identity)})
-    os.utime(path, ns=(10**18, 10**18))
-    assert LocalStore(tmp_path / "store").lookup("c" * 64) == {"artifact": b"lir bytes"}
-    assert os.stat(path).st_mtime_ns == 10**18
-
-
-def test_an_artifact_edited_in_place_never_comes_back_from_the_store(tmp_path):
-    store = LocalStore(tmp_path / "store")
-    path, identity = _artifact(tmp_path, b"original")
-    store.store("d" * 64, {"artifact": b"original"}, sources={"artifact": (path, identity)})
-    with open(path, "r+b") as f:  # the blob's other name: the same file
-        f.write(b"EDITED!!")
-    assert LocalStore(tmp_path / "store").lookup("d" * 64) is None
-    assert not store.blob_path(sha256(b"original")).exists()
-    assert open(path, "rb").read() == b"EDITED!!"  # the user's file is theirs
-
-
-def test_place_links_a_verified_blob_and_leaves_equal_files_alone(tmp_path):
-    store = LocalStore(tmp_path / "store")
-    digest = store.store("e" * 64, {"artifact": b"schedule"})["artifact"]
-    reader = LocalStore(tmp_path / "store")
-    assert reader.lookup("e" * 64) == {"artifact": b"schedule"}  # verified: may be linked
-    target = tmp_path / "build" / "kernel.sched"
-    assert reader.place(digest, str(target), b"schedule") is True
-    assert os.stat(target).st_ino == os.stat(store.blob_path(digest)).st_ino
-    os.utime(target, ns=(5 * 10**17, 5 * 10**17))
-    assert reader.place(digest, str(target), b"schedule") is False
-    assert os.stat(target).st_mtime_ns == 5 * 10**17
-    assert not [p for p in target.parent.iterdir() if p.name.endswith(".tmp")]
-
-
-def test_place_copies_when_the_blob_changed_after_it_was_verified(tmp_path):
-    store = LocalStore(tmp_path / "store")
-    digest = store.store("f" * 64, {"artifact": b"verified"})["artifact"]
-    assert store.lookup("f" * 64) == {"artifact": b"verified"}
-    blob = store.blob_path(digest)
-    blob.write_bytes(b"tampered")  # a new write: new mtime, maybe new size
-    target = tmp_path / "build" / "kernel.edf"
-    store.place(digest, str(target), b"verified")
-    assert target.read_bytes() == b"verified"
-    assert os.stat(target).st_ino != os.stat(blob).st_ino
-
-
 def test_gc_keeps_a_blob_while_an_entry_still_names_it(tmp_path):
     store = LocalStore(tmp_path / "store")
     shared, own = b"s" * 4000, b"o" * 1000
@@ -212,60 +122,6 @@ def test_gc_keeps_a_blob_while_an_entry_still_names_it(tmp_path):
     assert not store.blob_path(sha256(own)).exists()  # only entry 1 named it
     assert store.lookup("2" * 64) == {"artifact": shared}  # still named by entry 2
     assert (removed, freed) == (3, 3000 + first_entry + 1000)
-
-
-def test_a_blob_rewritten_in_the_same_clock_tick_is_not_linked(tmp_path):
-    # a coarse mtime clock can leave a same-size rewrite with the very identity the store
-    # recorded: a blob that fresh is compared by content before it is linked
-    store = LocalStore(tmp_path / "store")
-    digest = store.put_blob(b"verified")
-    blob = store.blob_path(digest)
-    before = blob.stat()
-    with open(blob, "r+b") as f:
-        f.write(b"tampered")
-    os.utime(blob, ns=(before.st_atime_ns, before.st_mtime_ns))
-    assert stat_identity(blob.stat()) == stat_identity(before)
-    target = tmp_path / "build" / "kernel.edf"
-    store.place(digest, str(target), b"verified")
-    assert target.read_bytes() == b"verified"
-    assert os.stat(target).st_ino != os.stat(blob).st_ino
-
-
-def test_place_copies_where_only_the_out_dir_refuses_links(tmp_path, monkeypatch):
-    store = LocalStore(tmp_path / "store")
-    digest = store.put_blob(b"lir", source=_artifact(tmp_path, b"lir", "a.lir"))
-    real = os.link
-
-    def refuse_in_build(src, dst):
-        if "out" in str(dst):
-            raise OSError(errno.EXDEV, "Invalid cross-device link")
-        return real(src, dst)
-
-    monkeypatch.setattr(os, "link", refuse_in_build)
-    target = tmp_path / "out" / "b.lir"
-    assert store.place(digest, str(target), b"lir")
-    assert target.read_bytes() == b"lir" and target.stat().st_nlink == 1
-    assert store.links is False
-    assert not [p for p in target.parent.iterdir() if p.name.endswith(".tmp")]
-
-
-def test_a_link_refused_for_one_file_still_links_the_next(tmp_path, monkeypatch):
-    store = LocalStore(tmp_path / "store")
-    real = os.link
-    refused = []
-
-    def full_once(src, dst):
-        if not refused:
-            refused.append(dst)
-            raise OSError(errno.EMLINK, "Too many links")
-        return real(src, dst)
-
-    monkeypatch.setattr(os, "link", full_once)
-    first = store.put_blob(b"one", source=_artifact(tmp_path, b"one", "one.edf"))
-    second = store.put_blob(b"two", source=_artifact(tmp_path, b"two", "two.edf"))
-    assert store.blob_path(first).stat().st_nlink == 1  # copied
-    assert store.blob_path(second).stat().st_nlink == 2  # linked
-    assert store.links is True
 
 
 GOOD = "a" * 64
