@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,11 +25,42 @@ def output_path(text: str) -> Path:
     return Path(text)
 
 
+def write_output(path: Path, write: Callable[[Path], object]) -> None:
+    """``write(p)`` makes the file the user named ``path``, delivered as they would expect.
+
+    A device or FIFO (``/dev/null``, ``/dev/stdout``) is written into, never
+    replaced; a symlink is written through (the file it points at is
+    replaced, the link stays). Either way ``write`` makes the file in a
+    temporary directory first: Kiln's writers rename a finished file into
+    place, which would replace the node or the link itself.
+    """
+    if not (_special(path) or os.path.islink(path)):
+        write(path)
+        return
+    import tempfile
+
+    from kiln.fsutil import write_bytes_atomic
+
+    with tempfile.TemporaryDirectory(prefix="kiln-out-") as tmp:
+        staged = Path(tmp) / (path.name or "output")
+        write(staged)
+        data = staged.read_bytes()
+    if _special(path):
+        with open(path, "wb") as f:
+            f.write(data)
+    else:
+        write_bytes_atomic(os.path.realpath(path), data)
+
+
 def check_output(option: str, path: Path, *, directory: bool = False) -> None:
     """Before any work: ``path`` is not a directory where a file is wanted (or the reverse),
     and no file stands where a directory above it must be."""
     if str(path).strip() == "":
         raise KilnError(f"{option} needs a path", expected=f"{option} NAME", found="''")
+    if _special(path) and not directory:  # /dev/null, /dev/stdout, a FIFO: written into
+        if not os.access(path, os.W_OK):
+            raise _cannot_write(option, path, PermissionError(13, "Permission denied"), False)
+        return
     if path.is_dir() and not directory:
         raise _is_a_directory(option, path)
     if path.exists() and not path.is_dir() and directory:
@@ -42,6 +74,15 @@ def check_output(option: str, path: Path, *, directory: bool = False) -> None:
             except OSError as exc:
                 raise _cannot_write(option, path, exc, directory) from None
             break
+
+
+def _special(path: Path) -> bool:
+    """A device, FIFO or socket (after following links): neither a file nor a directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def _probe(directory: Path) -> None:

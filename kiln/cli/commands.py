@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kiln.cli.help import TASK_GROUPS
 from kiln.errors import KilnError
-from kiln.outpaths import check_output, writing
+from kiln.outpaths import check_output, write_output, writing
 
 
 def _project():
@@ -81,7 +81,10 @@ def cmd_compile(args) -> int:
             return rc
         for kind, path in dumps.items():
             with writing(f"--dump-{kind}", path, directory=kind == "summary"):
-                write_dump(project, instances[0], kind, path)
+                if kind == "summary":  # a directory of files
+                    write_dump(project, instances[0], kind, path)
+                else:
+                    write_output(path, lambda p, k=kind: write_dump(project, instances[0], k, p))
             print(f"kiln: wrote {kind} dump of {instances[0].name} to {path}")
     return 0
 

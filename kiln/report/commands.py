@@ -180,11 +180,12 @@ def write_profile(project, path: Path) -> None:
     import json
 
     from kiln.fsutil import write_bytes_atomic
+    from kiln.outpaths import write_output
     from kiln.tasks.checks.results import chrome_trace, read_profile
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    trace = chrome_trace(read_profile(project.state_dir))
-    write_bytes_atomic(path, json.dumps(trace, indent=1, sort_keys=True).encode())
+    data = json.dumps(chrome_trace(read_profile(project.state_dir)), indent=1, sort_keys=True)
+    write_output(path, lambda p: write_bytes_atomic(p, data.encode()))
     print(f"kiln: wrote the build profile to {path} (open it in Perfetto)")
 
 

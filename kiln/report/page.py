@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kiln.fsutil import write_bytes_atomic
+from kiln.outpaths import write_output
 from kiln.report.data import build_profile, collect
 from kiln.report.html import render_page
 
@@ -13,7 +14,7 @@ def write_report(project, instances, out: Path, diff: dict | None = None) -> int
     """Write the report of ``instances`` to ``out`` atomically; returns its size in bytes."""
     page = render_report(project, instances, out, diff)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(out, page)
+    write_output(Path(out), lambda p: write_bytes_atomic(p, page))
     return len(page)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 def write_junit(path: Path, reports: list[dict]) -> None:
     from kiln.fsutil import write_bytes_atomic
+    from kiln.outpaths import write_output
 
     suite = ET.Element("testsuite", name="kiln", tests=str(len(reports)))
     counts = {"fail": 0, "error": 0, "skipped": 0}
@@ -64,5 +65,6 @@ def write_junit(path: Path, reports: list[dict]) -> None:
     suite.set("failures", str(counts["fail"]))
     suite.set("errors", str(counts["error"]))
     suite.set("skipped", str(counts["skipped"]))
+    data = ET.tostring(suite, encoding="utf-8", xml_declaration=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(path, ET.tostring(suite, encoding="utf-8", xml_declaration=True))
+    write_output(path, lambda p: write_bytes_atomic(p, data))

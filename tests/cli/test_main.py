@@ -576,3 +576,25 @@ def test_config_command_prints_json(project):
     pytest.importorskip("kiln.cli.config_command")
     proc = run_kiln(project, "config", "--json", check=True)
     assert isinstance(json.loads(proc.stdout), dict)
+
+
+def test_dump_and_profile_go_through_a_symlink_and_into_a_fifo(project, tmp_path):
+    """`--dump-visa link.json` replaces the file the link names, never the link, and
+    `--profile` into a FIFO (as /dev/stdout is) writes into it."""
+    import threading
+
+    real = tmp_path / "real.visa"
+    link = tmp_path / "link.visa"
+    link.symlink_to(real)
+    fifo = tmp_path / "profile.pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    proc = run_kiln(
+        project, "compile", "gemm", "--dump-visa", str(link), "--profile", str(fifo), check=True
+    )
+    reader.join(30)
+    assert "wrote visa dump" in proc.stdout
+    assert link.is_symlink() and real.read_text().startswith("visa ")
+    assert json.loads(got[0])["traceEvents"]
