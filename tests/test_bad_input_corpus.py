@@ -275,8 +275,8 @@ CASES = [
     # bad references
     Case("package_missing", replace("packages: [kernels]", "packages: [kernelz]"),
          "kernel package 'kernelz' was not found", "at key: packages[0]"),
-    Case("package_syntax_error", write("kernels/broken.py", "def f(:\n"),
-         "cannot be parsed", "broken.py:1"),
+    Case("package_syntax_error", write("kernels/normalization.py", "def f(:\n"),
+         "cannot be parsed", "normalization.py:1"),
     Case("kernel_undefined", replace("  softmax:\n", "  softmaxx:\n"),
          "is not a @device function", "at key: kernels.softmaxx"),
     Case("default_machine_unknown", replace("machine: npu-v1\nkernels", "machine: npu-v9\nkernels"),

@@ -178,9 +178,9 @@ class Project:
             if not infos:
                 raise self._missing_package(index, package)
             modules.extend(infos)
-        for info in modules:
-            if info.syntax_error:
-                raise _syntax_error(info)
+        # a module that does not parse stops only the kernels it may hold: a scratch
+        # file beside the kernels must not stop every build (the error says which)
+        unparsed = [info for info in modules if info.syntax_error]
         found: dict[str, list[KernelSource]] = {}
         for info in modules:
             for k in info.kernels:
@@ -192,6 +192,8 @@ class Project:
             where = spec.key_path  # an entry with a list of dtypes: its own key
             wanted = spec.function or spec.name
             candidates = found.get(wanted, [])
+            if not candidates and unparsed:  # most likely defined in the module that fails
+                raise _syntax_error(unparsed[0])
             if not candidates:
                 import difflib
 
@@ -218,6 +220,13 @@ class Project:
             resolved[spec.name] = source
         for modules, specs in twins.items():  # a copied module: one warning, not one per kernel
             self._warn_twins(modules, specs)
+        for info in unparsed:
+            error = _syntax_error(info)
+            at = f"{error.location.header()}: " if error.location else ""
+            print(
+                f"{at}warning: {error.message}; no kernel this build needs is in it",
+                file=sys.stderr,
+            )
         return resolved
 
     def _warn_twins(self, modules: tuple[str, ...], entries: list) -> None:

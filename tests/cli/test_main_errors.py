@@ -553,6 +553,16 @@ def test_syntax_error_in_kernel_module_names_file_and_line(proj, built):
     assert_nothing_lost(proj, built)
 
 
+def test_a_module_that_does_not_parse_stops_only_the_kernels_it_may_hold(proj, built):
+    """A scratch file beside the kernels: the build goes on, with one warning naming it."""
+    (proj / "kernels" / "scratch.py").write_text("def scratch(:\n    pass\n")
+    proc = run_kiln(proj, "compile", "gemm")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.count("scratch.py:1:13: warning: kernel module kernels.scratch") == 1
+    assert "no kernel this build needs is in it" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_syntax_error_in_kernel_module_shows_the_source_line(proj):
     root = _syntax_project(proj)
     out = assert_clean_failure(run_kiln(root, "compile", "bk_syntax"), 2)
