@@ -217,16 +217,21 @@ def _stop_on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _check_target(target: str) -> None:
-    """An unknown --target, or one that cannot run here, stops the watch before round one."""
+def _check_usage(target: str | None, filters: list[str]) -> None:
+    """An unknown --target (or one that cannot run here), or a FILTER that matches nothing,
+    stops the watch before round one: saving a file would never make either right."""
     from kiln.cli.target_check import ready_targets
     from kiln.tasks.model.project import Project
+    from kiln.tasks.model.selection import select
 
     try:
         project = Project.find()
     except KilnError:  # a broken pipeline: the first round says so, and the watch goes on
         return
-    ready_targets(project, [target], asked=True, checks=None, command="watch", quiet=True)
+    if target:
+        ready_targets(project, [target], asked=True, checks=None, command="watch", quiet=True)
+    if filters:
+        select(project, filters, command="compile" if target is None else "test")
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
@@ -239,8 +244,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             expected="--debounce MS with MS >= 0",
             found=str(args.debounce),
         )
-    if args.target:
-        _check_target(args.target)
+    _check_usage(args.target, list(args.filters or ()))
     watcher = Watcher(
         find_pipeline(),
         args.filters,

@@ -159,3 +159,17 @@ def test_watch_without_a_project_is_exit_2(tmp_path):
     )
     assert proc.returncode == 2 and "no pipeline file" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_filter_that_matches_nothing_is_exit_2_before_any_round(project):
+    """Saving a file never makes a misspelt FILTER right: it stops the watch at once."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "kiln", "watch", "nosuch"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no kernel matches 'nosuch'" in proc.stderr and "round" not in proc.stdout
+    assert "Traceback" not in proc.stderr
