@@ -17,12 +17,18 @@ def instances_at_shape(project, instances: list, text: str) -> list:
     The instance is named after its sizes (``gemm.shape_M64_K32``) like an
     app's JIT call, so it builds, caches and reports like a declared one.
     """
+    import re
+
     from kiln.errors import KilnError
 
     sizes: dict[str, int] = {}
-    for part in text.replace(" ", ",").split(","):
+    for part in re.split(r"\s*,\s*|\s+", text.strip()):
         if not part:
-            continue
+            raise KilnError(
+                "--shape: an empty entry between two commas",
+                expected="comma-separated NAME=SIZE pairs, e.g. --shape M=64,K=32,N=16",
+                found=text,
+            )
         name, eq, value = part.partition("=")
         if not eq or not name.isidentifier() or not value.strip().lstrip("+").isdigit():
             raise KilnError(
@@ -33,9 +39,23 @@ def instances_at_shape(project, instances: list, text: str) -> list:
         size = int(value)
         if size < 1:
             raise KilnError(f"--shape: {name} must be at least 1", found=part)
+        if name in sizes:
+            raise KilnError(
+                f"--shape: {name} is given twice",
+                expected="each dim once, e.g. --shape M=64,K=32,N=16",
+                found=text,
+            )
         sizes[name] = size
     if not sizes:
         raise KilnError("--shape needs sizes", expected="NAME=SIZE[,NAME=SIZE...]", found=text)
+    kernels = sorted({inst.kernel for inst in instances})
+    if len(kernels) > 1:
+        raise KilnError(
+            f"--shape sizes one kernel; the selection holds {len(kernels)}",
+            expected="one kernel: kiln bench KERNEL --shape ...",
+            found=", ".join(kernels[:6]) + (", ..." if len(kernels) > 6 else ""),
+            hint="name the kernel to time as the FILTER",
+        )
     chosen, seen = [], set()
     for inst in instances:
         if inst.kernel in seen:

@@ -267,12 +267,20 @@ def test_a_project_kernel_at_explicit_sizes(built):
         ("M=0,K=1,N=1", "M must be at least 1"),
         ("M64", "cannot read 'M64'"),
         ("M=64,K=32,N=2000000000", "too large"),
+        ("M=64,M=32,K=32,N=16", "M is given twice"),
+        ("M=64,,K=32,N=16", "an empty entry"),
     ],
 )
 def test_bad_explicit_sizes_are_one_message(built, shape, message):
     proc = run_kiln(built, "bench", "gemm", "--target", "cpu", "--shape", shape)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_explicit_sizes_without_one_kernel_named_say_so(built):
+    proc = run_kiln(built, "bench", "--target", "cpu", "--shape", "M=64,K=32,N=16")
+    assert proc.returncode == 2 and "--shape sizes one kernel" in proc.stderr, proc.stderr
+    assert "name the kernel to time" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_negative_device_index_is_refused_before_anything_runs(built):
