@@ -49,6 +49,8 @@ def resolve_executor(settings: dict | None, root) -> dict | None:
     from the worker directly: the artifact cache may be off.
     """
     settings = settings or {}
+    if os.environ.get("KILN_JOBS", "").strip():
+        worker_count()  # checked whichever executor runs: a bad value is never ignored
     file_address = settings.get("address")
     env_kind = os.environ.get("KILN_EXECUTOR", "").strip()
     env_address = os.environ.get("KILN_SCHEDULER", "").strip()

@@ -55,6 +55,13 @@ def test_a_bad_kiln_jobs_is_one_message_naming_it(clean_env, value):
     assert err.message == "KILN_JOBS is not a worker count" and err.found == value
 
 
+@pytest.mark.parametrize("settings", [None, {"kind": "local"}])
+def test_a_bad_kiln_jobs_is_refused_with_the_local_executor_too(clean_env, settings):
+    clean_env.setenv("KILN_JOBS", "abc")
+    err = error_of(settings)
+    assert err.message == "KILN_JOBS is not a worker count" and err.found == "abc"
+
+
 def test_a_bad_n_flag_names_the_flag(clean_env):
     pytest.importorskip("distributed")
     executor.note_flag("KILN_JOBS", "-n", "0")
