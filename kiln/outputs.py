@@ -132,23 +132,67 @@ def flatten_outputs(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def describe_output(name: str, value: Any) -> str:
-    """One summary line of an output: its dtype (Kiln's name, else numpy's), shape and stats."""
+def _numbers(array) -> tuple[Any, bool] | None:
+    """(the values widened exactly to float64 or int64, whether they are integers), or None.
+
+    numpy's own numbers have kind b/i/u/f; an ml_dtypes type (bf16, the float8s,
+    int4...) has kind V, and is widened through its registered casts.
+    """
     import numpy as np
 
-    from kiln.ir.interp import kiln_dtype
+    dtype = array.dtype
+    if dtype.kind in "biu":
+        return (array if dtype.kind == "u" else array.astype(np.int64)), True
+    if dtype.kind == "f":
+        return array.astype(np.float64), False
+    if dtype.kind != "V" or dtype.names is not None or dtype.type.__module__ != "ml_dtypes":
+        return None
+    import ml_dtypes
+
+    try:
+        ml_dtypes.iinfo(dtype)
+    except ValueError:  # a float type
+        return array.astype(np.float64), False
+    return array.astype(np.int64), True
+
+
+def _integer_stat(value: float) -> str:
+    """A mean or std of integers: exact when whole, else every digit of its integer part."""
+    if abs(value) >= 2**53:  # past float64's integers: its digits would only look exact
+        return f"{value:.6g}"
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.{max(6, len(str(int(abs(value)))) + 2)}g}"
+
+
+def describe_output(name: str, value: Any) -> str:
+    """One summary line of an output: its dtype (Kiln's name, else numpy's), shape and stats.
+
+    Integers print exactly (an i32 sum of 50331651 is not 5.03317e+07); floats
+    of any width, bf16 included, with six significant digits.
+    """
+    import numpy as np
+
+    from kiln.ir.interp import NUMPY_DTYPES
 
     label = "  out" if name == "out" else f"  out {name}"
     array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic, int, float)) else None
-    if array is None or array.dtype.kind not in "biuf":
+    numbers = None if array is None else _numbers(array)
+    if numbers is None:
         return f"{label}: {value!r}"[:200]
-    try:
-        dtype = kiln_dtype(array.dtype)
-    except KeyError:  # int64, float64, bool... from the app's own numpy: numpy's name
-        dtype = str(array.dtype)
-    wide = array.astype(np.float64)
-    finite = wide[np.isfinite(wide)]
+    # int64, float64, float8... from the app's own numpy: numpy's name
+    dtype = NUMPY_DTYPES.name_of(array.dtype) or str(array.dtype)
     shape = list(array.shape)
+    wide, integers = numbers
+    if not wide.size:
+        return f"{label}: {dtype}{shape}  (no values)"
+    if integers:
+        mean, std = wide.mean(dtype=np.float64), wide.std(dtype=np.float64)
+        return (
+            f"{label}: {dtype}{shape}  min {int(wide.min())}  max {int(wide.max())}"
+            f"  mean {_integer_stat(mean)}  std {_integer_stat(std)}"
+        )
+    finite = wide[np.isfinite(wide)]
     if not finite.size:
         return f"{label}: {dtype}{shape}  (no finite values)"
     nonfinite = wide.size - finite.size
