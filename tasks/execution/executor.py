@@ -49,8 +49,9 @@ def resolve_executor(settings: dict | None, root) -> dict | None:
     from the worker directly: the artifact cache may be off.
     """
     settings = settings or {}
-    if os.environ.get("KILN_JOBS", "").strip():
-        worker_count()  # checked whichever executor runs: a bad value is never ignored
+    jobs = os.environ.get("KILN_JOBS", "").strip()
+    if jobs and not jobs.isdigit() and source_of("KILN_JOBS") == "KILN_JOBS":
+        worker_count()  # not a number at all: refused whichever executor runs (-n 0 is local)
     file_address = settings.get("address")
     env_kind = os.environ.get("KILN_EXECUTOR", "").strip()
     env_address = os.environ.get("KILN_SCHEDULER", "").strip()

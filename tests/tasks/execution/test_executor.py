@@ -69,8 +69,9 @@ def test_a_bad_n_flag_names_the_flag(clean_env):
     assert err.message == "-n is not a worker count" and "-n" in err.hint
 
 
-def test_kiln_jobs_is_not_read_by_a_local_build(clean_env):
-    clean_env.setenv("KILN_JOBS", "abc")
+@pytest.mark.parametrize("value", ["0", "4"])
+def test_a_whole_kiln_jobs_is_not_read_by_a_local_build(clean_env, value):
+    clean_env.setenv("KILN_JOBS", value)
     assert resolve_executor({}, ".") is None
 
 
