@@ -201,7 +201,7 @@ class Project:
                 close = difflib.get_close_matches(wanted, names, n=1)
                 err = PipelineError(
                     f"kernel {wanted!r} is not a @device function in any package",
-                    location=self.pipeline.locate(where),
+                    location=self.pipeline.locate(f"{where}.function" if spec.function else where),
                     expected="a @device function in: " + ", ".join(self.pipeline.packages),
                     found=wanted,
                     hint=f"did you mean {close[0]!r}?" if close else None,
