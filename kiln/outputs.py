@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,12 @@ def save_outputs(outputs: list[tuple[str, Any]], directory: str | os.PathLike[st
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written, entries = [], []
-    for name, value in outputs:
+    for (name, value), stem in zip(outputs, file_stems([n for n, _ in outputs]), strict=True):
         array = np.asarray(value)
         stored, dtype = _stored(array)
         buffer = io.BytesIO()
         np.save(buffer, stored, allow_pickle=False)
-        path = directory / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".npy")  # an app's "a/b"
+        path = directory / (stem + ".npy")
         write_bytes_atomic(path, buffer.getvalue())
         written.append(path)
         entries.append(
@@ -66,6 +67,23 @@ def save_outputs(outputs: list[tuple[str, Any]], directory: str | os.PathLike[st
     manifest = {"format": FORMAT, "outputs": entries}
     write_bytes_atomic(directory / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
     return written
+
+
+def file_stems(names: list[str]) -> list[str]:
+    """One distinct file name (without ``.npy``) per output name, in order.
+
+    ``a/b`` becomes ``a_b``. Names that are file names already keep them;
+    one that would meet another (``a/b`` beside ``a_b``, or ``A`` beside ``a``
+    on a case-blind file system) gets ``~2``, ``~3``..., which no cleaned
+    name holds.
+    """
+    cleaned = [re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_" for name in names]
+    order = sorted(range(len(names)), key=lambda i: cleaned[i] != names[i])  # stable
+    taken: set[str] = set()
+    stems = [""] * len(names)
+    for i in order:
+        stems[i] = _unique(cleaned[i], taken, str.casefold)
+    return stems
 
 
 def load_outputs(directory: str | os.PathLike[str]) -> dict[str, Any]:
@@ -117,7 +135,23 @@ def _natural(path: Path) -> tuple:
 
 
 def flatten_outputs(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """Named leaves of what main returned: dict keys and sequence indices, joined by '.'."""
+    """Named leaves of what main returned: dict keys and sequence indices, joined by '.'.
+
+    Each name is unique. A key holding a dot can spell another leaf's path
+    (``{"c": [x, y], "c.0": z}``): the leaf whose own key it is (the shorter
+    path) keeps the name, the other becomes ``c.0~2``.
+    """
+    leaves = _leaves(value, (prefix,) if prefix else ())
+    named = [(".".join(path) or "out", path, item) for path, item in leaves]
+    first = sorted(range(len(named)), key=lambda i: len(named[i][1]))  # stable: ties in order
+    taken: set[str] = set()
+    names = [""] * len(named)
+    for i in first:
+        names[i] = _unique(named[i][0], taken, str)
+    return [(name, item) for name, (_, _, item) in zip(names, named, strict=True)]
+
+
+def _leaves(value: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
     if isinstance(value, dict):
         items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, (list, tuple)):
@@ -125,11 +159,21 @@ def flatten_outputs(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     elif value is None:
         return []
     else:
-        return [(prefix or "out", value)]
+        return [(path, value)]
     out = []
     for key, item in items:
-        out.extend(flatten_outputs(item, f"{prefix}.{key}" if prefix else key))
+        out.extend(_leaves(item, (*path, key)))
     return out
+
+
+def _unique(name: str, taken: set[str], fold: Callable[[str], str]) -> str:
+    """``name``, else ``name~2``, ``name~3``...: the first whose ``fold`` is not taken; takes it."""
+    chosen, n = name, 1
+    while fold(chosen) in taken:
+        n += 1
+        chosen = f"{name}~{n}"
+    taken.add(fold(chosen))
+    return chosen
 
 
 def _numbers(array) -> tuple[Any, bool] | None:

@@ -3,7 +3,7 @@
 import ml_dtypes
 import numpy as np
 
-from kiln.outputs import describe_output
+from kiln.outputs import describe_output, flatten_outputs, load_outputs, save_outputs
 
 
 def test_bf16_outputs_get_the_summary_line_f32_gets():
@@ -42,3 +42,25 @@ def test_integer_statistics_print_exactly():
 def test_an_empty_output_and_a_non_array_are_described():
     assert describe_output("0", np.zeros((0, 3), np.float32)) == "  out 0: f32[0, 3]  (no values)"
     assert describe_output("out", {"a": 1}) == "  out: {'a': 1}"
+
+
+def test_outputs_whose_names_clean_to_one_file_name_are_all_saved(tmp_path):
+    outputs = flatten_outputs({"a/b": np.ones(3), "a_b": np.zeros(2), "A_B": np.full(1, 7.0)})
+    written = save_outputs(outputs, tmp_path)
+    assert [p.name for p in written] == ["a_b~3.npy", "a_b.npy", "A_B~2.npy"]
+    loaded = load_outputs(tmp_path)
+    assert list(loaded) == ["a/b", "a_b", "A_B"]
+    assert np.array_equal(loaded["a/b"], np.ones(3)) and np.array_equal(loaded["a_b"], np.zeros(2))
+    assert np.array_equal(loaded["A_B"], [7.0])
+    assert np.array_equal(np.load(tmp_path / "a_b~3.npy"), np.ones(3))
+
+
+def test_a_dotted_key_and_a_nested_path_that_spell_one_name_stay_apart(tmp_path):
+    x, y, z = np.full(2, 1.0), np.full(2, 2.0), np.full(3, 3.0)
+    outputs = flatten_outputs({"c": [x, y], "c.0": z})
+    assert [name for name, _ in outputs] == ["c.0~2", "c.1", "c.0"]
+    save_outputs(outputs, tmp_path)
+    loaded = load_outputs(tmp_path)
+    assert sorted(loaded) == ["c.0", "c.0~2", "c.1"]
+    assert np.array_equal(loaded["c.0"], z) and np.array_equal(loaded["c.0~2"], x)
+    assert np.array_equal(loaded["c.1"], y)
