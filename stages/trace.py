@@ -235,10 +235,9 @@ def _load_module(name: str) -> ModuleType:
 
 def _import_failed(name: str, exc: Exception) -> TraceError:
     tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # skip this module's frame
-    return TraceError(
-        f"importing kernel module {name!r} failed: {type(exc).__name__}: {exc}",
-        frame_location(tb),
-    )
+    message = f"importing kernel module {name!r} failed: {type(exc).__name__}: {exc}"
+    # one cause for every kernel of the module, whatever names its source line holds
+    return TraceError(message, frame_location(tb), cause=message)
 
 
 def _find(module: ModuleType, request: TraceRequest) -> DeviceFunction:

@@ -176,6 +176,22 @@ def test_import_error_points_at_the_import_line(project):
     assert info.value.location.source == "import no_such_module_kiln_test"
 
 
+def test_an_import_error_is_one_cause_whichever_kernel_meets_it(project):
+    """Its source line may name one of the module's kernels (`def bad(a: Tensor["N", 0])`):
+    the failures of every kernel of the module still group as one error."""
+    from kiln.tasks.chain.failure_groups import cause_key
+
+    text = (
+        'from kiln import Tensor, device\n\n\n@device\ndef bad(a: Tensor["N", 0]):\n    return a\n'
+    )
+    module, _ = project("names_a_kernel", text)
+    with pytest.raises(TraceError) as info:
+        stage.run(request(module, "bad"), stage.Options(), None)
+    diag = info.value.to_dict()
+    assert info.value.cause == info.value.message
+    assert cause_key("compile:good.s", diag) == cause_key("compile:bad.s", diag)
+
+
 def test_missing_module_is_a_trace_error(project):
     with pytest.raises(TraceError, match="not found"):
         stage.run(request("no_such_pkg_kiln.kernels"), stage.Options(), None)
