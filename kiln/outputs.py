@@ -43,13 +43,22 @@ def save_outputs(outputs: list[tuple[str, Any]], directory: str | os.PathLike[st
     A character a file name should not hold becomes ``_`` (an app's nested
     output ``stats.mean[0]``); ``outputs.json`` keeps the name as given, and
     ``load_outputs`` returns it. Each file is written atomically; returns
-    the paths of the .npy files.
+    the paths of the .npy files. A directory that cannot be made or written
+    (a file in its place) is a KilnError naming ``--save-outputs``.
     """
+    from kiln.outpaths import check_output, writing
+
+    directory = Path(directory)
+    check_output("--save-outputs", directory, directory=True)
+    with writing("--save-outputs", directory, directory=True):
+        return _save(outputs, directory)
+
+
+def _save(outputs: list[tuple[str, Any]], directory: Path) -> list[Path]:
     import numpy as np
 
     from kiln.fsutil import write_bytes_atomic
 
-    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written, entries = [], []
     for (name, value), stem in zip(outputs, file_stems([n for n, _ in outputs]), strict=True):

@@ -2,7 +2,9 @@
 
 import ml_dtypes
 import numpy as np
+import pytest
 
+from kiln.errors import KilnError
 from kiln.outputs import describe_output, flatten_outputs, load_outputs, save_outputs
 
 
@@ -64,3 +66,13 @@ def test_a_dotted_key_and_a_nested_path_that_spell_one_name_stay_apart(tmp_path)
     assert sorted(loaded) == ["c.0", "c.0~2", "c.1"]
     assert np.array_equal(loaded["c.0"], z) and np.array_equal(loaded["c.0~2"], x)
     assert np.array_equal(loaded["c.1"], y)
+
+
+def test_saving_where_a_file_stands_says_what_was_expected_and_found(tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(KilnError) as caught:
+        save_outputs([("out0", np.zeros(2, np.float32))], tmp_path / "afile")
+    error = caught.value
+    assert "--save-outputs" in str(error) and error.expected == "a directory"
+    assert error.found == f"the file {tmp_path / 'afile'}"
+    assert (tmp_path / "afile").read_text() == "mine"
