@@ -200,11 +200,13 @@ def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: dict, out: TensorType
         with np.errstate(over="ignore", invalid="ignore"):
             result = source.astype(NUMPY_DTYPES[out.dtype])
     elif op in _REDUCE:
-        result = _REDUCE[op](
-            args[0], axis=tuple(attrs["axes"]), keepdims=bool(attrs.get("keepdims"))
-        )
+        with np.errstate(all="ignore"):  # a sum may overflow to inf, as on every target
+            result = _REDUCE[op](
+                args[0], axis=tuple(attrs["axes"]), keepdims=bool(attrs.get("keepdims"))
+            )
     elif op == "matmul":
-        result = np.matmul(args[0], args[1])
+        with np.errstate(all="ignore"):
+            result = np.matmul(args[0], args[1])
     elif op == "transpose":
         result = np.transpose(args[0], tuple(attrs["perm"]))
     elif op == "reshape":
@@ -216,7 +218,8 @@ def evaluate(op: str, inputs: Sequence[np.ndarray], attrs: dict, out: TensorType
     elif op == "concat":
         result = np.concatenate(args, axis=attrs["axis"])
     elif op == "conv2d":
-        result = _conv2d(args[0], args[1], attrs)
+        with np.errstate(all="ignore"):
+            result = _conv2d(args[0], args[1], attrs)
     elif op == "const":
         result = np.full(out.shape, attrs["value"])
     else:

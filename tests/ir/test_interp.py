@@ -92,3 +92,26 @@ def test_pow_gives_the_same_bits_for_a_broadcast_exponent():
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
     assert got[0] == np.float32(-np.inf) ** 3  # (-inf) ** 3, from the last exponent
+
+
+@pytest.mark.parametrize(
+    "op,inputs,attrs,out",
+    [
+        ("sum", [np.full((2, 8), 3e38, np.float32)], {"axes": (1,)}, TensorType((2,), "f32")),
+        (
+            "matmul",
+            [np.full((2, 4), 3e38, np.float32), np.full((4, 2), 3e38, np.float32)],
+            {},
+            TensorType((2, 2), "f32"),
+        ),
+    ],
+)
+def test_an_overflowing_reduction_or_matmul_is_inf_without_a_numpy_warning(op, inputs, attrs, out):
+    """The oracle overflows as every target does: numpy's RuntimeWarning, with its own
+    file path, leaked into `kiln test` and `kiln run` output."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = evaluate(op, inputs, attrs, out)
+    assert np.isinf(result).all()
