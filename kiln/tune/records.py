@@ -110,7 +110,12 @@ def read_records(path: str | os.PathLike) -> dict[str, TuningRecord]:
 
 # The knobs a record may set, and their values: what kiln.tune.space.knobs_for can
 # choose (kept light here: the build reads records, and must not import the stages).
-_COUNT = ("a whole number >= 0", lambda v: type(v) is int and v >= 0)
+# a tile or vector size far beyond any machine's SRAM is no value kiln tune could choose
+MAX_SIZE = 1 << 24
+_COUNT = (
+    f"a whole number from 0 to {MAX_SIZE}",
+    lambda v: type(v) is int and 0 <= v <= MAX_SIZE,
+)
 _BOOL = ("true or false", lambda v: type(v) is bool)
 KNOB_VALUES: dict[str, dict[str, tuple[str, Any]]] = {
     "visa": {
@@ -120,7 +125,7 @@ KNOB_VALUES: dict[str, dict[str, tuple[str, Any]]] = {
         "tile_order": ("'mn' or 'nm'", lambda v: v in ("mn", "nm")),
         "vector_tile": _COUNT,
         "fusion": _BOOL,
-        "reduce_split": ("a whole number >= 1", lambda v: type(v) is int and v >= 1),
+        "reduce_split": ("a whole number from 1 to 8", lambda v: type(v) is int and 1 <= v <= 8),
     },
     "lir": {"double_buffer": _BOOL},
     "schedule": {"policy": ("'critical-path' or 'in-order'", lambda v: v in _POLICIES)},
