@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+import stat
 
 from kiln.errors import ArtifactError, Location
-from kiln.ir.edf import EdfFile, EdfFormatError, Layout, decode, read_layout
+from kiln.ir.edf import (
+    HEADER,
+    TRAILER_SIZE,
+    EdfFile,
+    EdfFormatError,
+    Layout,
+    claimed_size,
+    decode,
+    read_layout,
+    size_mismatch,
+)
 
 
 def load_edf(path: str | os.PathLike) -> EdfFile:
@@ -22,16 +32,79 @@ def load_edf(path: str | os.PathLike) -> EdfFile:
 
 
 def _load(path: str | os.PathLike) -> tuple[Layout, EdfFile]:
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ArtifactError(
-            f"cannot read EDF file: {exc.strerror or exc}", location=Location(str(path))
-        ) from None
+    raw = read_edf_bytes(path)
     try:
         return read_layout(raw, str(path)), decode(raw, str(path))
     except EdfFormatError as exc:
         raise artifact_error(exc, path) from None
+
+
+# Far above any kernel's binary (100k instructions take a few MB): a larger file is not one
+MAX_BYTES = 1 << 30
+
+
+def read_edf_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of the EDF file at ``path``, never more than its header says it has.
+
+    A device, FIFO or directory is refused before reading (``/dev/zero`` has
+    no end; a FIFO with no writer would block), and so is a file larger than
+    MAX_BYTES; a file that is no EDF is read only as far as its header.
+    """
+    try:
+        # O_NONBLOCK: a FIFO put in the file's place after a stat still cannot block the open
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ArtifactError(
+            f"cannot read EDF file: {path} is not a regular file",
+            location=Location(str(path)),
+            expected="an EDF file (a regular file)",
+            found=_kind(info.st_mode),
+            hint="give the edf stage's kernel.edf in the out dir",
+        )
+    size = info.st_size
+    with os.fdopen(fd, "rb") as f:
+        try:
+            head = f.read(HEADER.size)
+            claimed = claimed_size(head)
+            if claimed is None:  # no EDF header: its first bytes say which check fails
+                return head + f.read(TRAILER_SIZE)
+            if claimed != size:
+                raise artifact_error(size_mismatch(claimed, size, str(path)), path)
+            if size > MAX_BYTES:
+                raise ArtifactError(
+                    f"cannot read EDF file: {size} bytes is larger than any kernel binary",
+                    location=Location(str(path)),
+                    expected=f"at most {MAX_BYTES} bytes",
+                    found=f"{size} bytes",
+                    hint="give the edf stage's kernel.edf in the out dir",
+                )
+            return head + f.read(size - len(head))
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
+
+
+def _unreadable(path: str | os.PathLike, exc: OSError) -> ArtifactError:
+    return ArtifactError(
+        f"cannot read EDF file: {exc.strerror or exc}", location=Location(str(path))
+    )
+
+
+def _kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def artifact_error(exc: EdfFormatError, path: str | os.PathLike) -> ArtifactError:

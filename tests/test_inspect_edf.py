@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kiln.errors import ArtifactError
@@ -90,3 +92,68 @@ def test_missing_file_is_an_artifact_error(tmp_path):
 def test_directory_is_an_artifact_error(tmp_path):
     with pytest.raises(ArtifactError):
         render(tmp_path)
+
+
+def test_a_directory_is_named_as_one_not_an_open_error(tmp_path):
+    with pytest.raises(ArtifactError) as err:
+        render(tmp_path)
+    assert err.value.found == "a directory" and err.value.location.file == str(tmp_path)
+
+
+def test_a_device_is_refused_without_reading_it():
+    # /dev/zero has no end: reading it ran out of memory
+    with pytest.raises(ArtifactError) as err:
+        render("/dev/zero")
+    assert "/dev/zero is not a regular file" in err.value.render()
+    assert err.value.expected == "an EDF file (a regular file)"
+    assert err.value.found == "a character device"
+
+
+def test_a_fifo_with_no_writer_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "kernel.edf"
+    os.mkfifo(fifo)
+    with pytest.raises(ArtifactError) as err:
+        render(fifo)
+    assert err.value.found == "a FIFO (named pipe)"
+
+
+def test_a_huge_file_that_is_no_edf_is_read_only_as_far_as_its_header(tmp_path):
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.write(b"\x7fELF" + bytes(60))
+        f.truncate(64 << 30)  # sparse: 64 GiB that would not fit in memory
+    with pytest.raises(ArtifactError) as err:
+        render(big)
+    assert "magic check failed" in err.value.render()
+    assert err.value.found == repr(b"\x7fELF")
+
+
+def test_a_header_claiming_other_than_the_file_size_is_a_size_error_before_reading(
+    edf_path, tmp_path
+):
+    raw = edf_path.read_bytes()
+    with open(edf_path, "r+b") as f:
+        f.truncate(64 << 30)
+    with pytest.raises(ArtifactError) as err:
+        render(edf_path)
+    assert "size check failed at byte 16: file has trailing bytes" in err.value.render()
+    assert (err.value.expected, err.value.found) == (f"{len(raw)} bytes", f"{64 << 30} bytes")
+
+
+def test_a_file_whose_header_claims_more_than_any_kernel_is_refused(edf_path, monkeypatch):
+    import kiln.inspect_edf
+
+    size = edf_path.stat().st_size
+    monkeypatch.setattr(kiln.inspect_edf, "MAX_BYTES", size - 1)
+    with pytest.raises(ArtifactError) as err:
+        render(edf_path)
+    assert (err.value.expected, err.value.found) == (f"at most {size - 1} bytes", f"{size} bytes")
+
+
+def test_kiln_inspect_of_a_device_is_one_error_and_exit_2(tmp_path):
+    from tests.conftest import run_kiln
+
+    proc = run_kiln(tmp_path, "inspect", "/dev/zero", timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("/dev/zero: error: cannot read EDF file: /dev/zero is not a")
+    assert "found: a character device" in proc.stderr

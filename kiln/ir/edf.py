@@ -255,6 +255,33 @@ def _encode_schedule(sp: ScheduledProgram) -> bytes:
 # --------------------------------------------------------------------------- decode
 
 
+def claimed_size(head: bytes) -> int | None:
+    """The total size the EDF header at the start of ``head`` claims, or None.
+
+    None when ``head`` is too short for a header, or its magic, version or
+    flags are not this format's: then the file's size says nothing, and
+    :func:`read_layout` of its first ``HEADER.size + TRAILER_SIZE`` bytes
+    names the check that fails. Lets a reader stop at what the header says.
+    """
+    if len(head) < HEADER.size:
+        return None
+    magic, version, flags, _, _, total, _ = HEADER.unpack_from(head, 0)
+    return total if (magic, version, flags) == (MAGIC, VERSION, 0) else None
+
+
+def size_mismatch(total: int, n: int, path_hint: str = "<bytes>") -> EdfFormatError:
+    """The header says ``total`` bytes, the file has ``n``."""
+    what = "file is truncated" if n < total else "file has trailing bytes"
+    return EdfFormatError(
+        "size",
+        f"{what}: the header's total size does not match the file",
+        expected=f"{total} bytes",
+        found=f"{n} bytes",
+        offset=16,
+        path=path_hint,
+    )
+
+
 def read_layout(raw: bytes, path_hint: str = "<bytes>") -> Layout:
     """Check the header, section table, section checksums and trailer of ``raw``."""
 
@@ -280,14 +307,7 @@ def read_layout(raw: bytes, path_hint: str = "<bytes>") -> Layout:
     if flags != 0:
         fail("flags", "unknown flag bits set", "0x0000", f"0x{flags:04x}", 6)
     if total != n:
-        what = "file is truncated" if n < total else "file has trailing bytes"
-        fail(
-            "size",
-            f"{what}: the header's total size does not match the file",
-            f"{total} bytes",
-            f"{n} bytes",
-            16,
-        )
+        raise size_mismatch(total, n, path_hint)
     if reserved != 0:
         fail("reserved", "reserved header field is not zero", 0, reserved, 24)
     want = HEADER.size + ENTRY.size * count
