@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.pipeline.defaults import LayeredSourceMap, defaults_digest, load_defaults, merge
 from kiln.pipeline.model import Pipeline
-from kiln.pipeline.schema import validate_schema
+from kiln.pipeline.schema import check_finite, validate_schema
 from kiln.pipeline.yamlpos import describe, did_you_mean, load_yaml
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ def load_pipeline(path: str | os.PathLike[str]) -> Pipeline:
     layered = LayeredSourceMap(smap, defaults_map, builtin)
     validate_schema(data, layered)
     _check_references(data, layered, path.parent)
+    check_finite(data, layered)  # after the references: cache.timeout says it its own way
     return Pipeline.from_data(data, path, layered, builtin)
 
 

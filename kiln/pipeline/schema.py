@@ -9,6 +9,7 @@ jsonschema is imported only when a pipeline is validated.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,7 +155,9 @@ def _value_problem(
         return f"wrong type for {where}", expected, describe(value), _type_hint(types, value)
     if kind in _RANGE_WORDS:
         integer = isinstance(value, int) and "integer" in str(schema.get("type"))
-        expected = f"{'an integer' if integer else 'a number'} {_RANGE_WORDS[kind]} {rule}"
+        expected = number_range(schema, "an integer" if integer else "a number")
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{where} is not a finite number", expected, _yaml_float(value), None
         return f"value out of range for {where}", expected, repr(value), None
     if kind == "enum":
         expected = "one of: " + ", ".join(map(str, rule))
@@ -177,6 +180,70 @@ def _value_problem(
     if kind in ("minItems", "minProperties", "minLength") and rule == 1:
         return f"{where} must not be empty", "at least one entry", describe(value), None
     return None, None, None, None
+
+
+def number_range(schema: dict[str, Any], noun: str) -> str:
+    """What a number must be, from all its schema bounds: "a finite number >= 0.001 and <= 10"."""
+    bounds = [f"{_RANGE_WORDS[k]} {_number_text(schema[k])}" for k in _RANGE_WORDS if k in schema]
+    if noun == "a number":
+        noun = "a finite number"
+    return " and ".join([f"{noun} {bounds[0]}", *bounds[1:]]) if bounds else noun
+
+
+def _number_text(number: float) -> str:
+    return str(int(number)) if isinstance(number, float) and number.is_integer() else str(number)
+
+
+def _yaml_float(value: float) -> str:
+    """How YAML spells a non-finite float: .nan, .inf, -.inf."""
+    return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+
+
+def check_finite(data: Any, smap: Positions) -> None:
+    """PipelineError at the first NaN or infinity where the schema asks for a number.
+
+    JSON Schema has no word for "finite" and NaN passes every bound, so a
+    `.nan` clock or tolerance would pass validation and break a build (or
+    make every check pass): this walks the data beside the schema.
+    """
+    problem = _first_non_finite(data, _get_validator().schema, [])
+    if problem is None:
+        return
+    parts, schema, value = problem
+    path = join_path(parts)
+    raise smap.error(
+        f"'{path}' is not a finite number",
+        path,
+        value=True,
+        expected=number_range(schema, "a number"),
+        found=_yaml_float(value),
+        hint="write a number such as 1.5 or 1e-5 (.nan and .inf are not numbers Kiln can use)",
+    )
+
+
+def _first_non_finite(value: Any, schema: Any, parts: list) -> tuple[list, dict, float] | None:
+    if not isinstance(schema, dict):
+        return None
+    for sub in schema.get("allOf", ()):
+        found = _first_non_finite(value, sub, parts)
+        if found is not None:
+            return found
+    if isinstance(value, float):
+        types = schema.get("type")
+        numeric = "number" in (types if isinstance(types, list) else [types])
+        return (parts, schema, value) if numeric and not math.isfinite(value) else None
+    if isinstance(value, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        for key, item in value.items():
+            found = _first_non_finite(item, props.get(key, extra), [*parts, key])
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _first_non_finite(item, schema.get("items"), [*parts, i])
+            if found is not None:
+                return found
+    return None
 
 
 def _type_hint(types: list[str], value: Any) -> str | None:

@@ -249,6 +249,26 @@ CASES = [
          at="[1, 2, 3]", found="3 items"),
     Case("fuzz_size_zero", (TRANSPOSE, TRANSPOSE + "    fuzz: {N: 0}\n"),
          "value out of range", "kernels.transpose.fuzz.N", "fuzz: {N: 0}", at="0}"),
+    # 11. machine numbers and tolerances: finite, and small or large enough for the stages
+    Case("clock_nan", ("clock_mhz: 500", "clock_mhz: .nan"),
+         "'machines.npu-tiny.clock_mhz' is not a finite number", "machines.npu-tiny.clock_mhz",
+         "clock_mhz: .nan", at=".nan", found=".nan"),
+    Case("clock_inf", ("clock_mhz: 500", "clock_mhz: .inf"),
+         "'machines.npu-tiny.clock_mhz' is not a finite number", "machines.npu-tiny.clock_mhz",
+         "clock_mhz: .inf", at=".inf", found=".inf"),
+    Case("bytes_per_cycle_tiny", ("bytes_per_cycle: 16", "bytes_per_cycle: 1.0e-300"),
+         "value out of range", "machines.npu-tiny.dma.bytes_per_cycle", "1.0e-300",
+         at="1.0e-300", found="1e-300"),
+    Case("dma_latency_huge", ("latency: 200}", "latency: 100000000000000000000}"),
+         "value out of range", "machines.npu-tiny.dma.latency", "100000000000000000000",
+         at="100000000000000000000"),
+    Case("kernel_rtol_inf", ("  gemm:\n    dtype: f32", "  gemm:\n    tolerance: {rtol: .inf}\n"
+                             "    dtype: f32"),
+         "'kernels.gemm.tolerance.rtol' is not a finite number", "kernels.gemm.tolerance.rtol",
+         "rtol: .inf", at=".inf", found=".inf"),
+    Case("target_atol_nan", ("cpu: {runner: cpu}", "cpu: {runner: cpu, tolerance: {atol: .nan}}"),
+         "'targets.cpu.tolerance.atol' is not a finite number", "targets.cpu.tolerance.atol",
+         "atol: .nan", at=".nan", found=".nan"),
 ]
 # fmt: on
 
@@ -282,6 +302,20 @@ def test_malformed_pipeline_is_reported_at_its_key(project: Path, case: Case) ->
     if case.found is not None:
         assert case.found in (err.found or "")
     assert err.expected and err.found, err.render()
+
+
+def test_a_non_finite_machine_number_says_what_range_it_needs(project: Path) -> None:
+    edit(project, "clock_mhz: 500", "clock_mhz: .nan")
+    with pytest.raises(PipelineError) as info:
+        load_pipeline(project)
+    assert info.value.expected == "a finite number >= 0.001 and <= 1000000"
+    edit(project, "clock_mhz: .nan", "clock_mhz: 0.001")
+    edit(project, "bytes_per_cycle: 16", "bytes_per_cycle: -.inf")
+    with pytest.raises(PipelineError) as info:
+        load_pipeline(project)
+    assert info.value.message == "'machines.npu-tiny.dma.bytes_per_cycle' is not a finite number"
+    assert info.value.expected == "a finite number >= 0.001 and <= 1073741824"
+    assert info.value.found == "-.inf"
 
 
 def test_there_are_enough_malformed_cases() -> None:
