@@ -264,6 +264,34 @@ def _check_references(data: dict[str, Any], smap: Positions, root: Path) -> None
             )
     _check_stage_kinds(data["stages"], smap, root)
     _check_cache(data.get("cache") or {}, smap)
+    _check_paths(data, smap)
+
+
+def _path_fields(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(key path, value) of every file or directory path the file writes (modules aside)."""
+    fields = [
+        ("out_dir", data.get("out_dir")),
+        ("tuning.file", (data.get("tuning") or {}).get("file")),
+    ]
+    for name, app in (data.get("apps") or {}).items():
+        fields += [
+            (f"apps.{name}.tests[{i}]", test) for i, test in enumerate(app.get("tests") or [])
+        ]
+    return fields
+
+
+def _check_paths(data: dict[str, Any], smap: Positions) -> None:
+    """A path holds no NUL: the operating system refuses one (a ValueError, deep in a build)."""
+    for key_path, value in _path_fields(data):
+        if isinstance(value, str) and "\0" in value:
+            raise smap.error(
+                f"'{key_path}' is not a usable path: it contains a NUL character",
+                key_path,
+                value=True,
+                expected="a path without NUL characters",
+                found=repr(value),
+                hint="remove the \\x00 (or \\0) escape from the string",
+            )
 
 
 def _check_cache(cache: dict[str, Any], smap: Positions) -> None:

@@ -269,6 +269,15 @@ CASES = [
     Case("target_atol_nan", ("cpu: {runner: cpu}", "cpu: {runner: cpu, tolerance: {atol: .nan}}"),
          "'targets.cpu.tolerance.atol' is not a finite number", "targets.cpu.tolerance.atol",
          "atol: .nan", at=".nan", found=".nan"),
+    # 12. paths the operating system must accept
+    Case("out_dir_nul", ("out_dir: build/kiln/kernel", 'out_dir: "a\\x00b"'),
+         "'out_dir' is not a usable path: it contains a NUL character", "out_dir", "^out_dir:",
+         at='"a', found="'a\\x00b'", hint="remove the \\x00 (or \\0) escape from the string"),
+    Case("tuning_file_nul", ("out_dir: build/kiln/kernel", 'tuning: {file: "t\\0.jsonl"}'),
+         "'tuning.file' is not a usable path", "tuning.file", "^tuning:", at='"t'),
+    Case("app_test_path_nul", ("tests: [apps/tests/test_mlp.py]", 'tests: ["apps/\\0.py"]'),
+         "'apps.mlp.tests[0]' is not a usable path", "apps.mlp.tests[0]", "apps/\\0.py",
+         at='"apps'),
 ]
 # fmt: on
 

@@ -1,0 +1,88 @@
+"""A bad pipeline.yaml stops every command with one message at its key and exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kiln.cli.scaffold import init_project
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`kiln init`'s project (one kernel, scale_add), the cwd of the test."""
+    init_project(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / ".cache"))
+    for name in ("KILN_PIPELINE_FILE", "KILN_VERBOSITY", "KILN_MESSAGE_FORMAT", "KILN_OUT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "pipeline.yaml"
+
+
+def kiln(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    from kiln.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out + err
+
+
+def edit(path: Path, old: str, new: str) -> int:
+    """Replace ``old`` by ``new``; the 1-based line where ``new`` starts."""
+    text = path.read_text(encoding="utf-8")
+    assert old in text
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    return text[: text.index(old)].count("\n") + 1
+
+
+@pytest.mark.parametrize(
+    "old, new, command, key",
+    [
+        ("out_dir: build/kiln/kernel", 'out_dir: "a\\x00b"', "compile", "out_dir"),
+        ("out_dir: build/kiln/kernel", 'tuning: {file: "t\\x00.jsonl"}', "tune", "tuning.file"),
+    ],
+)
+def test_a_nul_in_a_path_is_a_load_error_not_a_traceback(
+    project: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, command: str, key: str
+) -> None:
+    line = edit(project, old, new)
+    rc, out = kiln(capsys, command)
+    assert rc == 2, out
+    assert f"pipeline.yaml:{line}:" in out and f"'{key}' is not a usable path" in out, out
+    assert f"at key: {key}" in out and "expected: a path without NUL characters" in out, out
+    assert "Traceback" not in out
+
+
+MACHINE = """\
+machine: m
+machines:
+  m:
+    clock_mhz: {clock}
+    sram_bytes: 65536
+    units: {{dma: 1, tensor: 1, vector: 1}}
+    dma: {{bytes_per_cycle: {rate}, latency: 200}}
+    tensor: {{tile: [16, 16, 16], cycles_per_tile: 16}}
+    vector: {{lanes: 16, latency: {{default: 4}}}}
+"""
+
+
+@pytest.mark.parametrize(
+    "clock, rate, key, found",
+    [
+        (".nan", "16", "machines.m.clock_mhz", "found: .nan"),
+        (".inf", "16", "machines.m.clock_mhz", "found: .inf"),
+        ("500", "1.0e-300", "machines.m.dma.bytes_per_cycle", "found: 1e-300"),
+    ],
+)
+def test_a_machine_number_the_stages_cannot_use_stops_compile_at_its_key(
+    project: Path, capsys: pytest.CaptureFixture[str], clock: str, rate: str, key: str, found: str
+) -> None:
+    text = project.read_text(encoding="utf-8") + MACHINE.format(clock=clock, rate=rate)
+    project.write_text(text, encoding="utf-8")
+    word = key.rsplit(".", 1)[1]
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if f"{word}: " in s)
+    rc, out = kiln(capsys, "compile")
+    assert rc == 2, out
+    assert f"pipeline.yaml:{line}:" in out and f"at key: {key}" in out and found in out, out
+    assert "internal error" not in out and "Traceback" not in out
