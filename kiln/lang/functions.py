@@ -19,6 +19,7 @@ import numpy as np
 from kiln.errors import TraceError
 from kiln.ir.ops import OpTypeError, broadcast_shapes
 from kiln.lang import dtypes
+from kiln.lang.errors import DOCS_NOTE
 from kiln.lang.tensor import Tensor, apply, constant
 
 Operand = Tensor | bool | int | float
@@ -131,7 +132,34 @@ def divide(a: Any, b: Any) -> Tensor:
 
 
 def power(a: Any, b: Any) -> Tensor:
+    """``a ** b``; on integers only a constant exponent >= 0 (see _integer_power)."""
+    label = _label("pow")
+    a, b = _operand(a, label), _operand(b, label)
+    if _dtype([a, b], dtypes.ARITHMETIC) == "i32":
+        _integer_power(b, label)
     return _binary("pow", a, b, dtypes.ARITHMETIC)
+
+
+def _integer_power(exponent: Operand, label: str) -> None:
+    """NumPy raises for integers to a negative power; a target cannot raise while it runs.
+
+    So a negative constant exponent is refused here, and so is an exponent
+    tensor, whose sign is known only at run time.
+    """
+    if isinstance(exponent, Tensor):
+        raise TraceError(
+            f"{label}: an integer base to an integer exponent tensor ({exponent.dtype} "
+            f"{list(exponent.shape)}) is not a kiln op: NumPy raises when an exponent is "
+            "negative, which a target cannot do while it runs",
+            hint="cast to float first: base.astype('f32') ** exponent",
+            notes=[DOCS_NOTE],
+        )
+    if exponent < 0:
+        raise TraceError(
+            f"{label}: integers to negative integer powers are not allowed (exponent {exponent})",
+            hint=f"compute in float: base.astype('f32') ** {exponent} (or base ** {exponent}.0)",
+            notes=[DOCS_NOTE],
+        )
 
 
 def maximum(a: Any, b: Any) -> Tensor:
