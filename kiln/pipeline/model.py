@@ -193,10 +193,7 @@ class Pipeline:
             stages=tuple(
                 StageSpec(s["name"], s["module"], _items(s.get("options"))) for s in data["stages"]
             ),
-            dumps=tuple(
-                DumpSpec(_expanded(d["kernels"], data["kernels"]), tuple(d["kinds"]))
-                for d in get("dumps") or ()
-            ),
+            dumps=_merged_dumps(get("dumps") or (), data["kernels"]),
             machines=dict(get("machines") or {}),
             targets=tuple(
                 TargetSpec(
@@ -420,3 +417,23 @@ def _expanded(names: list[str], kernels: dict[str, Any]) -> tuple[str, ...]:
         dtype = (kernels.get(name) or {}).get("dtype")
         found += [dtype_list_name(name, d) for d in dtype] if isinstance(dtype, list) else [name]
     return tuple(found)
+
+
+def _merged_dumps(entries: Any, kernels: dict[str, Any]) -> tuple[DumpSpec, ...]:
+    """``dumps:`` with each (kernel, kind) once: overlapping entries ask for the same file.
+
+    A kind an earlier entry already asks for a kernel is dropped from a later
+    entry; an entry whose kernels are left with different kinds splits in
+    file order. Entries that do not overlap come out as written.
+    """
+    done: set[tuple[str, str]] = set()
+    merged: list[DumpSpec] = []
+    for entry in entries:
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for kernel in dict.fromkeys(_expanded(entry["kernels"], kernels)):
+            kinds = tuple(k for k in dict.fromkeys(entry["kinds"]) if (kernel, k) not in done)
+            done.update((kernel, k) for k in kinds)
+            if kinds:
+                groups.setdefault(kinds, []).append(kernel)
+        merged += [DumpSpec(tuple(names), kinds) for kinds, names in groups.items()]
+    return tuple(merged)

@@ -137,10 +137,32 @@ def _translate(error: Any, smap: Positions) -> PipelineError:
         written = [k for k in value if not smap.is_builtin(join_path([*parts, k]))]
         found = "keys: " + (", ".join(written) or "(none)")
         return smap.error(message, join_path([*parts, name]), expected=expected, found=found)
+    if kind == "uniqueItems" and isinstance(value, list):  # point at the second one
+        first, again = _repeated(value)
+        item = join_path([*parts, again])
+        return smap.error(
+            f"{where} lists an item twice: {value[again]!r}",
+            item,
+            value=True,
+            expected="each item once",
+            found=f"{value[again]!r} at {join_path([*parts, first])} and {item}",
+            hint=f"remove the second {value[again]!r}",
+        )
     message, expected, found, hint = _value_problem(kind, rule, value, schema, path, where)
     return smap.error(
         message or error.message, path, value=True, expected=expected, found=found, hint=hint
     )
+
+
+def _repeated(items: list[Any]) -> tuple[int, int]:
+    """The indexes of the first item that comes again, and of its second place."""
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        key = repr(item)
+        if key in seen:
+            return seen[key], i
+        seen[key] = i
+    return 0, 0
 
 
 def _value_problem(
@@ -172,8 +194,6 @@ def _value_problem(
             return message, "at least one dim binding such as `{M: 64}`", "an empty mapping", None
         message = f"kernel '{keys[1]}' has no shape sets"
         return message, "shape sets such as `small: {M: 64}`", "an empty mapping", None
-    if kind == "uniqueItems":
-        return f"{where} lists an item twice", "each item once", describe(value), None
     if kind in ("minItems", "maxItems") and schema.get("minItems") == schema.get("maxItems"):
         message = f"wrong number of items in {where}"
         return message, f"exactly {rule} items", f"{len(value)} items", None

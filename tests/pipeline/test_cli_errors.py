@@ -86,3 +86,34 @@ def test_a_machine_number_the_stages_cannot_use_stops_compile_at_its_key(
     assert rc == 2, out
     assert f"pipeline.yaml:{line}:" in out and f"at key: {key}" in out and found in out, out
     assert "internal error" not in out and "Traceback" not in out
+
+
+def test_overlapping_dump_entries_build_and_write_each_dump_once(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dumps = (
+        "dumps:\n"
+        "  - {kernels: [scale_add], kinds: [visa]}\n"
+        "  - {kernels: [scale_add], kinds: [visa, summary]}\n"
+    )
+    project.write_text(project.read_text(encoding="utf-8") + dumps, encoding="utf-8")
+    rc, out = kiln(capsys, "compile", "scale_add.small")
+    assert rc == 0, out
+    written = project.parent / "build/kiln/kernel/scale_add/small/dumps"
+    assert sorted(p.name for p in written.iterdir()) == ["kernel.visa", "summary"]
+
+
+def test_a_kind_twice_in_one_dump_entry_is_an_error_at_the_second(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (
+        project.read_text(encoding="utf-8")
+        + "dumps:\n  - {kernels: [scale_add], kinds: [visa, visa]}\n"
+    )
+    project.write_text(text, encoding="utf-8")
+    rc, out = kiln(capsys, "compile")
+    assert rc == 2, out
+    line = len(text.splitlines())
+    column = text.splitlines()[-1].rindex("visa") + 1
+    assert f"pipeline.yaml:{line}:{column}: error: 'dumps[0].kinds' lists an item twice" in out
+    assert "at key: dumps[0].kinds[1]" in out and "can't have a common target" not in out

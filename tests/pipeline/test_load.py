@@ -17,6 +17,7 @@ import pytest
 
 from kiln.errors import PipelineError
 from kiln.pipeline import (
+    DumpSpec,
     KernelSpec,
     Pipeline,
     StageSpec,
@@ -215,6 +216,13 @@ CASES = [
                                                "  gemm:\n    options: {visaa: {}}\n    dtype: f32"),
          "unknown stage 'visaa'", "kernels.gemm.options.visaa", "visaa", at="visaa",
          hint="did you mean 'visa'?"),
+    Case("dump_kind_twice", ("kinds: [visa, schedule, summary]", "kinds: [visa, schedule, visa]"),
+         "'dumps[0].kinds' lists an item twice: 'visa'", "dumps[0].kinds[2]", "kinds: [visa",
+         at="visa]", found="'visa' at dumps[0].kinds[0] and dumps[0].kinds[2]",
+         hint="remove the second 'visa'"),
+    Case("dump_kernel_twice", ("kernels: [softmax]", "kernels: [softmax, gemm, softmax]"),
+         "'dumps[0].kernels' lists an item twice: 'softmax'", "dumps[0].kernels[2]",
+         "kernels: [softmax, gemm", at="softmax]"),
     Case("dump_names_unknown_kernel", ("kernels: [softmax]", "kernels: [softmaxx]"),
          "unknown kernel 'softmaxx'", "dumps[0].kernels[0]", "[softmaxx]", at="softmaxx",
          hint="did you mean 'softmax'?"),
@@ -421,6 +429,19 @@ def test_stage_options_merge_kernel_overrides(project: Path) -> None:
     assert p.stage_options(p.kernel("gemm"), "schedule") == {"policy": "greedy"}
     assert p.stage_options("softmax", "visa") == {"fusion": True}
     assert p.stage_options("softmax", "trace") == {}
+
+
+def test_overlapping_dump_entries_ask_for_each_dump_once(project: Path) -> None:
+    edit(project, "  - kernels: [softmax]\n    kinds: [visa, schedule, summary]\n",
+         "  - {kernels: [softmax, gemm], kinds: [visa]}\n"
+         "  - {kernels: [softmax], kinds: [visa, summary]}\n"
+         "  - {kernels: [gemm, softmax], kinds: [summary, visa, dfg]}\n")  # fmt: skip
+    assert load_pipeline(project).dumps == (
+        DumpSpec(("softmax", "gemm"), ("visa",)),
+        DumpSpec(("softmax",), ("summary",)),
+        DumpSpec(("gemm",), ("summary", "dfg")),
+        DumpSpec(("softmax",), ("dfg",)),
+    )
 
 
 def test_per_argument_dtypes_tolerance_and_function(project: Path) -> None:
