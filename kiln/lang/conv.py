@@ -32,45 +32,49 @@ _LAST = ("NHWC", "NWC", "NDHWC", "CHANNELS_LAST")
 _FIRST = ("NCHW", "NCW", "NCDHW", "CHANNELS_FIRST")
 
 
-def _channels_last(layout: Any) -> bool:
+def _channels_last(layout: Any, label: str = "conv") -> bool:
     name = str(layout).upper()
     if name in _LAST:
         return True
     if name in _FIRST:
         return False
     raise TraceError(
-        f"conv: unknown layout {layout!r}",
+        f"{label}: unknown layout {layout!r}",
         expected="NHWC or NCHW (NWC/NCW, NDHWC/NCDHW)",
         found=repr(layout),
     )
 
 
-def _per_dim(value: Any, dims: int, name: str, least: int) -> tuple[int, ...]:
-    items = F.int_tuple(value, f"conv {name}")
+def _per_dim(value: Any, dims: int, name: str, least: int, label: str) -> tuple[int, ...]:
+    items = F.int_tuple(value, f"{label} {name}")
     items = items * dims if len(items) == 1 else items
     if len(items) != dims or builtins.any(v < least for v in items):
-        raise TraceError(f"conv: {name} must be an int >= {least} or {dims} of them, got {value!r}")
+        raise TraceError(
+            f"{label}: {name} must be an int >= {least} or {dims} of them, got {value!r}"
+        )
     return items
 
 
-def _pads(padding, dims, sizes, taps, stride, dilation) -> tuple[tuple[int, int], ...]:
+def _pads(padding, dims, sizes, taps, stride, dilation, label) -> tuple[tuple[int, int], ...]:
     """(low, high) per spatial dim from an int, ints, pairs, "same" or "valid"."""
     if isinstance(padding, str):
         if padding.lower() == "valid":
             return ((0, 0),) * dims
         if padding.lower() != "same":
-            raise TraceError(f"conv: padding {padding!r} is not 'same', 'valid' or ints")
+            raise TraceError(f"{label}: padding {padding!r} is not 'same', 'valid' or ints")
         out = []
         for n, k, s, d in zip(sizes, taps, stride, dilation, strict=True):
             total = builtins.max((math.ceil(n / s) - 1) * s + d * (k - 1) + 1 - n, 0)
             out.append((total // 2, total - total // 2))
         return tuple(out)
     if isinstance(padding, (tuple, list)) and padding and isinstance(padding[0], (tuple, list)):
-        pairs = tuple(tuple(F.int_tuple(p, "conv padding")) for p in padding)
+        pairs = tuple(tuple(F.int_tuple(p, f"{label} padding")) for p in padding)
         if len(pairs) != dims or builtins.any(len(p) != 2 or min(p) < 0 for p in pairs):
-            raise TraceError(f"conv: padding needs {dims} (low, high) pairs >= 0, got {padding!r}")
+            raise TraceError(
+                f"{label}: padding needs {dims} (low, high) pairs >= 0, got {padding!r}"
+            )
         return pairs
-    return tuple((p, p) for p in _per_dim(padding, dims, "padding", 0))
+    return tuple((p, p) for p in _per_dim(padding, dims, "padding", 0, label))
 
 
 def pad(x: Tensor, pads: tuple[tuple[int, int], ...], first_axis: int = 1) -> Tensor:
@@ -90,30 +94,63 @@ def pad(x: Tensor, pads: tuple[tuple[int, int], ...], first_axis: int = 1) -> Te
     return x
 
 
-class ConvGeometry:
-    """One convolution's geometry, channels-last: x (N, *sizes, C), w (*taps, C/g, K)."""
+def check_ranks(label: str, shapes: dict[str, tuple[int, ...]], hint: str | None = None) -> None:
+    """The operands of one convolution (named as the user wrote them) share a rank of 3, 4 or 5.
 
-    def __init__(self, x_shape, w_shape, stride, padding, dilation, groups):
+    Said before any transpose to channels-last, so the message shows the
+    shapes the user gave, under the function they called. ``hint`` is for
+    the last entry (a shape the user typed), said when that one is off.
+    """
+    (first, lead), *rest = shapes.items()
+    listed = ", ".join(f"{name} {tuple(shape)}" for name, shape in shapes.items())
+    if len(lead) not in (3, 4, 5):
+        raise TraceError(
+            f"{label}: {first} has rank {len(lead)}; a convolution's operands have rank "
+            f"3, 4 or 5 (1-D, 2-D, 3-D); got {listed}",
+            expected=f"{first} of rank 3, 4 or 5",
+            found=f"{first} {tuple(lead)}",
+            hint=hint,
+        )
+    for name, shape in rest:
+        if len(shape) != len(lead):
+            raise TraceError(
+                f"{label}: {name} has rank {len(shape)}, not {len(lead)} like {first}; "
+                f"got {listed}",
+                expected=f"{name} of rank {len(lead)}, as {first}",
+                found=f"{name} {tuple(shape)}",
+                hint=hint if name == rest[-1][0] else None,
+            )
+
+
+class ConvGeometry:
+    """One convolution's geometry, channels-last: x (N, *sizes, C), w (*taps, C/g, K).
+
+    ``label`` is the function the user called: its errors carry that name.
+    """
+
+    def __init__(self, x_shape, w_shape, stride, padding, dilation, groups, label="conv"):
         self.dims = len(x_shape) - 2
         if self.dims not in (1, 2, 3) or len(w_shape) != len(x_shape):
             raise TraceError(
-                f"conv: needs input and filter of the same rank 3, 4 or 5 (1-D, 2-D, 3-D), "
+                f"{label}: needs input and filter of the same rank 3, 4 or 5 (1-D, 2-D, 3-D), "
                 f"got shapes {tuple(x_shape)} and {tuple(w_shape)}"
             )
         self.n, self.sizes, self.c = x_shape[0], tuple(x_shape[1:-1]), x_shape[-1]
         self.taps, cg, self.k = tuple(w_shape[:-2]), w_shape[-2], w_shape[-1]
         if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-            raise TraceError(f"conv: groups must be a positive int, got {groups!r}")
+            raise TraceError(f"{label}: groups must be a positive int, got {groups!r}")
         self.groups = groups
         if self.c % groups or self.k % groups or cg * groups != self.c:
             raise TraceError(
-                f"conv: {self.c} input channels, {self.k} filters and {groups} groups do "
+                f"{label}: {self.c} input channels, {self.k} filters and {groups} groups do "
                 f"not fit a filter with {cg} channels per group",
                 hint="input channels = groups x filter channels; filters divisible by groups",
             )
-        self.stride = _per_dim(stride, self.dims, "stride", 1)
-        self.dilation = _per_dim(dilation, self.dims, "dilation", 1)
-        self.pads = _pads(padding, self.dims, self.sizes, self.taps, self.stride, self.dilation)
+        self.stride = _per_dim(stride, self.dims, "stride", 1, label)
+        self.dilation = _per_dim(dilation, self.dims, "dilation", 1, label)
+        self.pads = _pads(
+            padding, self.dims, self.sizes, self.taps, self.stride, self.dilation, label
+        )
         self.out = tuple(
             (n + lo + hi - d * (k - 1) - 1) // s + 1
             for n, k, s, d, (lo, hi) in zip(
@@ -121,7 +158,7 @@ class ConvGeometry:
             )
         )
         if builtins.any(o <= 0 for o in self.out):
-            raise TraceError(f"conv: the output would be empty (spatial size {self.out})")
+            raise TraceError(f"{label}: the output would be empty (spatial size {self.out})")
 
     @property
     def depthwise(self) -> bool:
@@ -237,6 +274,7 @@ def conv(
     "same" or "valid".
     """
     x, w = F.as_tensor(x, "conv"), F.as_tensor(w, "conv")
+    check_ranks("conv", {"x": x.shape, "w": w.shape})
     last = _channels_last(layout)
     dtype = F.result_dtype([x, w])
     xl, wl = _to_last(F.cast_to(x, dtype), F.cast_to(w, dtype), last)
@@ -258,12 +296,14 @@ def _dilate(dy: Tensor, stride: tuple[int, ...]) -> Tensor:
     return dy
 
 
-def _check_grad(p: ConvGeometry, dy: Tensor, label: str) -> None:
-    want = (p.n, *p.out, p.k)
+def _check_grad(p: ConvGeometry, dy: Tensor, last: bool, label: str) -> None:
+    """``dy`` (in the user's layout) has the shape of the convolution's output."""
+    want = (p.n, *p.out, p.k) if last else (p.n, p.k, *p.out)
     if dy.shape != want:
         raise TraceError(
-            f"{label}: the output gradient has shape {dy.shape} (channels last), "
-            f"the convolution's output is {want}"
+            f"{label}: dy has shape {dy.shape}, but the convolution's output is {want}",
+            expected=f"dy of shape {want}",
+            found=f"dy {dy.shape}",
         )
 
 
@@ -279,13 +319,18 @@ def conv_dgrad(
 ) -> Tensor:
     """Gradient of ``conv(x, w, ...)`` with respect to ``x`` (shape ``x_shape``), given ``dy``."""
     dy, w = F.as_tensor(dy, "conv_dgrad"), F.as_tensor(w, "conv_dgrad")
-    last = _channels_last(layout)
+    shape = F.int_tuple(x_shape, "conv_dgrad x_shape")
+    check_ranks(
+        "conv_dgrad",
+        {"dy": dy.shape, "w": w.shape, "x_shape": shape},
+        hint="x_shape is the shape of conv's input x: dy's rank, in dy's layout",
+    )
+    last = _channels_last(layout, "conv_dgrad")
     dtype = F.result_dtype([dy, w])
     dyl, wl = _to_last(F.cast_to(dy, dtype), F.cast_to(w, dtype), last)
-    shape = F.int_tuple(x_shape, "conv_dgrad x_shape")
     shape = shape if last else (shape[0], *shape[2:], shape[1])
-    p = ConvGeometry(shape, wl.shape, stride, padding, dilation, groups)
-    _check_grad(p, dyl, "conv_dgrad")
+    p = ConvGeometry(shape, wl.shape, stride, padding, dilation, groups, "conv_dgrad")
+    _check_grad(p, dy, last, "conv_dgrad")
     # The filter of the transposed problem: taps flipped, per group (C/g, K/g) -> (K/g, C/g).
     kg = p.k // p.groups
     flipped = S.flip(wl, tuple(range(p.dims)))
@@ -317,16 +362,21 @@ def conv_wgrad(
 ) -> Tensor:
     """Gradient of ``conv(x, w, ...)`` with respect to ``w`` (shape ``w_shape``), given ``dy``."""
     x, dy = F.as_tensor(x, "conv_wgrad"), F.as_tensor(dy, "conv_wgrad")
-    last = _channels_last(layout)
+    shape = F.int_tuple(w_shape, "conv_wgrad w_shape")
+    check_ranks(
+        "conv_wgrad",
+        {"x": x.shape, "dy": dy.shape, "w_shape": shape},
+        hint="w_shape is the shape of conv's filter w: x's rank, in the layout's filter order",
+    )
+    last = _channels_last(layout, "conv_wgrad")
     dtype = F.result_dtype([x, dy])
     xl, dyl = _x_to_last(F.cast_to(x, dtype), last), _x_to_last(F.cast_to(dy, dtype), last)
-    shape = F.int_tuple(w_shape, "conv_wgrad w_shape")
     r = len(shape)
     wl_shape = (
         (*shape[1 : r - 1], shape[-1], shape[0]) if last else (*shape[2:], shape[1], shape[0])
     )
-    p = ConvGeometry(xl.shape, wl_shape, stride, padding, dilation, groups)
-    _check_grad(p, dyl, "conv_wgrad")
+    p = ConvGeometry(xl.shape, wl_shape, stride, padding, dilation, groups, "conv_wgrad")
+    _check_grad(p, dy, last, "conv_wgrad")
     xp = pad(xl, p.pads)
     rows = p.n * math.prod(p.out)
     dy2 = _wide(F.reshape(dyl, (rows, p.k)))
