@@ -217,9 +217,32 @@ def matrix_transpose(x: Any) -> Tensor:
     return swapaxes(x, -1, -2)
 
 
-def moveaxis(x: Any, source: int, destination: int) -> Tensor:
+def moveaxis(x: Any, source: Any, destination: Any) -> Tensor:
+    """``np.moveaxis``: ``source`` and ``destination`` are ints or sequences of them."""
     x = F.as_tensor(x, "moveaxis")
-    s, d = _axis(source, x.ndim, "moveaxis"), _axis(destination, x.ndim, "moveaxis")
-    order = [a for a in range(x.ndim) if a != s]
-    order.insert(d, s)
+    src = _axis_list(source, x.ndim, "source")
+    dst = _axis_list(destination, x.ndim, "destination")
+    if len(src) != len(dst):
+        raise TraceError(
+            "moveaxis: source and destination must have the same number of axes",
+            expected=f"{len(src)} destination axis(es), one per source axis",
+            found=f"source {source!r}, destination {destination!r}",
+        )
+    order = [a for a in range(x.ndim) if a not in src]
+    for d, s in sorted(zip(dst, src, strict=True)):
+        order.insert(d, s)
     return F.transpose(x, tuple(order))
+
+
+def _axis_list(value: Any, rank: int, name: str) -> list[int]:
+    """NumPy's normalize_axis_tuple: an int or a sequence of ints, each in range, none twice."""
+    items = list(value) if isinstance(value, (tuple, list)) else [value]
+    axes = [_axis(a, rank, f"moveaxis {name}") for a in items]
+    for i, a in enumerate(axes):
+        if a in axes[:i]:
+            raise TraceError(
+                f"moveaxis: repeated axis in {name} {value!r}",
+                expected=f"{name} axes that are all different",
+                found=f"axis {items[i]} names axis {a} again",
+            )
+    return axes
