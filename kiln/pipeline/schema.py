@@ -272,12 +272,17 @@ def _type_hint(types: list[str], value: Any) -> str | None:
         return "YAML reads unquoted yes/no/on/off/true/false as a boolean: quote the word"
     if "string" in types and isinstance(value, int | float):
         return f'quote it to make it a string: "{value}"'
+    if "integer" in types and isinstance(value, float) and value.is_integer():
+        return f"write it as a whole number without a dot or exponent: {int(value)}"
     if isinstance(value, str) and ("integer" in types or "number" in types):
+        text = value.strip()
         try:
-            number = float(value) if "number" in types else int(value)
+            number = float(text) if "number" in types else int(text)
         except ValueError:
             return None
-        return f"write the number without quotes: {number}"
+        if not math.isfinite(number):  # unquoted, nan and inf are words to YAML too
+            return None
+        return f"write the number without quotes: {text}"  # as written: 1e-5, not 1e-05
     if isinstance(value, str) and "boolean" in types and value.lower() in ("true", "false"):
         return f"write {value.lower()} without quotes"
     return None

@@ -379,6 +379,35 @@ def _check_bounds(root: yaml.Node, smap: SourceMap) -> None:
             )
 
 
+# YAML 1.2's core schema reads 1e-5, 1E3, -2e+4 and 1.0e5 as floats; PyYAML's
+# YAML 1.1 resolver wants a dot and a signed exponent, and made them strings.
+_FLOAT_12 = r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"
+_loader: Any = None
+
+
+def _loader_class() -> Any:
+    """PyYAML's safe loader (libyaml's when available) that also resolves YAML 1.2 floats.
+
+    A subclass: ``add_implicit_resolver`` on it copies the resolver table,
+    so PyYAML's own loaders are left as they are. A quoted scalar is never
+    resolved, so ``'1e-5'`` stays a string.
+    """
+    global _loader
+    if _loader is None:
+        import re
+
+        import yaml
+
+        class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+            pass
+
+        Loader.add_implicit_resolver(
+            "tag:yaml.org,2002:float", re.compile(_FLOAT_12), list("-+0123456789.")
+        )
+        _loader = Loader
+    return _loader
+
+
 def load_yaml(path: Path, text: str | None = None) -> tuple[Any, SourceMap]:
     """Parse ``path`` (or ``text``) into plain data and a SourceMap.
 
@@ -422,7 +451,7 @@ def load_yaml(path: Path, text: str | None = None) -> tuple[Any, SourceMap]:
 
     lines = tuple(text.splitlines())
     smap = SourceMap(file, lines, {}, {})
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml when available
+    loader = _loader_class()(text)
     try:
         node = loader.get_single_node()
         if node is None:

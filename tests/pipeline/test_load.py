@@ -152,6 +152,14 @@ CASES = [
     Case("dim_quoted", ("small: {M: 64, N: 128}", 'small: {M: "64", N: 128}'),
          "wrong type", "kernels.transpose.shapes.small.M", '{M: "64"', at='"64"',
          found="a string '64'", hint="write the number without quotes: 64"),
+    Case("rtol_quoted", ("  gemm:\n    dtype: f32", "  gemm:\n    tolerance: {rtol: '1e-5'}\n"
+                         "    dtype: f32"),
+         "wrong type", "kernels.gemm.tolerance.rtol", "rtol: '1e-5'", at="'1e-5'",
+         found="a string '1e-5'", hint="write the number without quotes: 1e-5"),
+    Case("dim_in_scientific_notation", ("small: {M: 64, N: 128}", "small: {M: 1e3, N: 128}"),
+         "wrong type", "kernels.transpose.shapes.small.M", "{M: 1e3", at="1e3",
+         found="a number 1000.0",
+         hint="write it as a whole number without a dot or exponent: 1000"),
     Case("project_yes_is_a_boolean", ("project: kiln-examples", "project: yes"),
          "wrong type for 'project'", "project", "^project: yes", at="yes",
          found="a boolean True",
@@ -442,6 +450,21 @@ def test_overlapping_dump_entries_ask_for_each_dump_once(project: Path) -> None:
         DumpSpec(("gemm",), ("summary", "dfg")),
         DumpSpec(("softmax",), ("dfg",)),
     )
+
+
+@pytest.mark.parametrize(
+    "written, value",
+    [("1e-5", 1e-5), ("1E3", 1e3), ("1.0e5", 1e5), (".5e1", 5.0), ("+3e0", 3.0)],
+)
+def test_scientific_notation_without_a_dot_is_a_number(
+    project: Path, written: str, value: float
+) -> None:
+    edit(project, "  gemm:\n    dtype: f32", f"  gemm:\n    tolerance: {{atol: {written}}}\n"
+         "    dtype: f32")  # fmt: skip
+    edit(project, "clock_mhz: 500", "clock_mhz: 5e2")
+    p = load_pipeline(project)
+    assert p.kernel("gemm").tolerance == {"atol": value}
+    assert p.machine_model("npu-tiny")["clock_mhz"] == 500.0
 
 
 def test_per_argument_dtypes_tolerance_and_function(project: Path) -> None:

@@ -99,3 +99,17 @@ def test_latin1_byte_is_shown_in_its_line(tmp_path):
         load_yaml(path)
     loc = info.value.location
     assert (loc.line, loc.column, loc.source) == (2, 12, "kernels: {b\ufffdd: 1}")
+
+
+def test_yaml_12_floats_are_numbers_and_quoted_ones_stay_strings():
+    text = "a: [1e-5, 1E3, -2e+4, 1.0e5, .5e1, 12, 1.5, '1e-5', \"1E3\", 1e, e5, 1e-5x, 0x10]\n"
+    data, _ = load_yaml(FILE, text)
+    assert data["a"] == [1e-5, 1e3, -2e4, 1e5, 5.0, 12, 1.5, "1e-5", "1E3", "1e", "e5", "1e-5x", 16]
+    assert [type(v) for v in data["a"][:7]] == [float] * 5 + [int, float]
+
+
+def test_yaml_12_floats_leave_pyyamls_own_loader_alone():
+    import yaml
+
+    load_yaml(FILE, "a: 1e-5\n")
+    assert yaml.safe_load("a: 1e-5\n") == {"a": "1e-5"}  # YAML 1.1, as PyYAML reads it
