@@ -244,8 +244,26 @@ def gelu(x: Any) -> Tensor:
     return unary("gelu", x, dtypes.NEEDS_FLOAT)
 
 
-def where(condition: Any, a: Any, b: Any) -> Tensor:
+_MISSING = object()  # where(cond) and where(cond, a): NumPy's other forms, said by name
+
+
+def where(condition: Any, a: Any = _MISSING, b: Any = _MISSING) -> Tensor:
     """``a`` where ``condition`` holds, else ``b`` (a non-bool condition means ``!= 0``)."""
+    if a is _MISSING or b is _MISSING:
+        given = 1 if a is _MISSING else 2
+        raise TraceError(
+            f"where: needs 3 arguments, where(condition, a, b), got {given}"
+            + (
+                "; NumPy's one-argument where(condition) is nonzero(condition), whose "
+                "length depends on the data, and a kernel's shapes are static"
+                if given == 1
+                else ""
+            ),
+            expected="where(condition, a, b)",
+            found="where(condition)" if given == 1 else "where(condition, a)",
+            hint="choose between two values: kiln.where(condition, a, 0.0)",
+            notes=[DOCS_NOTE],
+        )
     cond, x, y = (_operand(v, "where") for v in (condition, a, b))
     shape = _common_shape("where", [_shape_of(v) for v in (cond, x, y)])
     dtype = _dtype([x, y], None)

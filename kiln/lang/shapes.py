@@ -63,6 +63,12 @@ def getitem(x: Tensor, key: Any) -> Tensor:
             continue
         dim = x.shape[axis]
         if isinstance(item, slice):
+            if item.step == 0:  # item.indices would raise a bare ValueError
+                raise TraceError(
+                    f"slice {_slice_text(item)} of axis {axis}: slice step cannot be zero",
+                    expected="a step other than 0 (a negative one reads backwards)",
+                    found=f"{_slice_text(item)}: step 0",
+                )
             start, stop, step = item.indices(dim)
             size = len(range(start, stop, step))
             if size == 0:  # NumPy gives an empty array; a kernel's tensors are never empty
