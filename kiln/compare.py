@@ -115,7 +115,7 @@ def vacuity(expected: np.ndarray) -> str | None:
     finite = np.isfinite(wide)
     if not finite.all():
         bad = int(e.size - finite.sum())
-        return f"{bad} of {e.size} element(s) are not finite (NaN or infinity)"
+        return f"has {bad} of {e.size} element(s) that are not finite (NaN or infinity)"
     if not wide.any():
         return "is all zeros" if e.size > 1 else "is zero"
     if e.size > 1 and (wide == wide.flat[0]).all():

@@ -143,7 +143,7 @@ def test_every_distribution_is_in_the_schema():
         (np.zeros((4, 4), np.float32), "all zeros"),
         (np.float32(0.0), "is zero"),
         (np.full(8, 0.25, np.float32), "0.25 everywhere"),
-        (np.array([1.0, np.nan, np.inf], np.float32), "2 of 3 element(s) are not finite"),
+        (np.array([1.0, np.nan, np.inf], np.float32), "has 2 of 3 element(s) that are not finite"),
         (np.arange(4, dtype=np.int32), None),
         (np.float32(0.1), None),  # a one-element output is always "constant": not said
         (np.zeros((0,), np.float32), None),

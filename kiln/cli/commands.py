@@ -132,6 +132,8 @@ def _ready_targets(project, targets, *, asked, checks, command, device=0, quiet=
 def cmd_run(args) -> int:
     from kiln.tasks.commands.running import run_kernel
 
+    if getattr(args, "save_outputs", None) is not None:  # before the run, not after it
+        check_output("--save-outputs", args.save_outputs, directory=True)
     project = _project()
     args.filters = [args.name]
     chosen = _select(project, args, "run", apps=True)
