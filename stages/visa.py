@@ -21,8 +21,15 @@ from kiln.fsutil import write_bytes_atomic
 from kiln.ir import visa
 from kiln.ir.edf import gc_paused
 from kiln.ir.graph import Graph
+from kiln.options import option
 from kiln.stages.visa_emit import EMIT, Emitter
-from kiln.stages.visa_plan import Planner, dram_homes, tile_sizes
+from kiln.stages.visa_plan import (
+    MAX_REDUCE_SPLIT,
+    TILE_ORDERS,
+    Planner,
+    dram_homes,
+    tile_sizes,
+)
 
 NAME = "visa"
 INPUT = "graph.json"  # what the stage reads: the previous stage's ARTIFACT, checked at load
@@ -35,13 +42,17 @@ NODE_MAP = "kernel.visa.nodes.json"
 
 @dataclass(frozen=True)
 class Options:
-    tile_m: int = 0  # matmul rows per tile; 0: a multiple of the machine's tensor tile
-    tile_n: int = 0
-    tile_k: int = 0
-    vector_tile: int = 0  # elements per vector tile; 0: from vector lanes and SRAM
+    # The values each option accepts are declared here, so that pipeline.yaml's loader
+    # refuses the others at their line; tile_sizes() checks them again for direct callers.
+    tile_m: int = option(0, minimum=0)  # matmul rows per tile; 0: a multiple of the tensor tile
+    tile_n: int = option(0, minimum=0)
+    tile_k: int = option(0, minimum=0)
+    vector_tile: int = option(0, minimum=0)  # elements per vector tile; 0: from lanes and SRAM
     fusion: bool = True  # run elementwise chains on resident tiles
-    tile_order: str = "mn"  # visit a contraction's output tiles by rows (mn) or columns (nm)
-    reduce_split: int = 1  # partial accumulators of a reduction longer than a tile (1..8)
+    # visit a contraction's output tiles by rows (mn) or columns (nm)
+    tile_order: str = option("mn", choices=TILE_ORDERS)
+    # partial accumulators of a reduction longer than a tile
+    reduce_split: int = option(1, minimum=1, maximum=MAX_REDUCE_SPLIT)
 
 
 # -- stage protocol -----------------------------------------------------------------

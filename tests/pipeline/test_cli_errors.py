@@ -117,3 +117,41 @@ def test_a_kind_twice_in_one_dump_entry_is_an_error_at_the_second(
     column = text.splitlines()[-1].rindex("visa") + 1
     assert f"pipeline.yaml:{line}:{column}: error: 'dumps[0].kinds' lists an item twice" in out
     assert "at key: dumps[0].kinds[1]" in out and "can't have a common target" not in out
+
+
+@pytest.mark.parametrize(
+    "options, message, expected, found",
+    [
+        ("{tile_order: xy}", "invalid value for option 'tile_order' of stage 'visa'",
+         "one of: mn, nm", "'xy'"),
+        ("{vector_tile: -5}", "option 'vector_tile' of stage 'visa' is out of range",
+         "an integer >= 0", "-5"),
+        ("{reduce_split: 0}", "option 'reduce_split' of stage 'visa' is out of range",
+         "an integer from 1 to 8", "0"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("where", ["kernel", "stage"])
+def test_an_out_of_range_stage_option_is_a_load_error_at_its_line(
+    project: Path,
+    capsys: pytest.CaptureFixture[str],
+    options: str,
+    message: str,
+    expected: str,
+    found: str,
+    where: str,
+) -> None:
+    if where == "kernel":
+        line = edit(project, "    dtype: f32\n", f"    options: {{visa: {options}}}\n")
+    else:
+        stages = "stages:\n  - {name: trace, module: kiln.stages.trace}\n"
+        stages += f"  - {{name: visa, module: kiln.stages.visa, options: {options}}}\n"
+        stages += "".join(
+            f"  - {{name: {n}, module: kiln.stages.{n}}}\n" for n in ("lir", "schedule", "edf")
+        )
+        text = project.read_text(encoding="utf-8")
+        project.write_text(text + stages, encoding="utf-8")
+        line = len(text.splitlines()) + 3
+    rc, out = kiln(capsys, "compile")
+    assert rc == 2, out
+    assert f"pipeline.yaml:{line}:" in out and f"error: {message}" in out, out
+    assert f"expected: {expected}" in out and f"found: {found}" in out, out
