@@ -112,6 +112,11 @@ def _translate(error: Any, smap: Positions) -> PipelineError:
     where = f"'{path}'" if path else "the top level"
     schema = error.schema if isinstance(error.schema, dict) else {}
     kind, rule, value = error.validator, error.validator_value, error.instance
+    if "propertyNames" in error.relative_schema_path and kind == "enum":  # a key from a list
+        message = f"unknown {schema.get('title', 'key')} '{value}' in {where}"
+        key_path = join_path([*parts, value])
+        expected, hint = "one of: " + ", ".join(rule), did_you_mean(value, rule)
+        return smap.error(message, key_path, expected=expected, found=repr(value), hint=hint)
     if "propertyNames" in error.relative_schema_path:  # a badly formed key: point at the key
         fixed = str(value).replace("-", "_").replace(".", "_")
         hint = f"did you mean '{fixed}'?" if fixed.isidentifier() and fixed != value else None

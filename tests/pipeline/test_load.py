@@ -140,6 +140,10 @@ CASES = [
     Case("unknown_stage_key", ("options: {policy: critical", "option: {policy: critical"),
          "unknown key 'option'", "stages[3].option", "option: {policy", at="option",
          hint="did you mean 'options'?"),
+    Case("unknown_vector_op_latency", ("latency: {default: 4}}", "latency: {default: 4, expp: 8}}"),
+         "unknown vector op 'expp' in 'machines.npu-tiny.vector.latency'",
+         "machines.npu-tiny.vector.latency.expp", "expp: 8", at="expp",
+         hint="did you mean 'exp'?", found="'expp'"),
     Case("unknown_target_key", ("cpu: {runner: cpu}", "cpu: {runer: cpu}"),
          "unknown key 'runer'", "targets.cpu.runer", "runer", at="runer",
          hint="did you mean 'runner'?"),
@@ -534,6 +538,14 @@ def test_locate_points_at_keys_for_later_checks(project: Path) -> None:
     assert p.locate("stages[1].options").source == "    options: {fusion: true}"
     err = p.error("kernel 'gemm' not found in packages", "kernels.gemm", expected="x", found="y")
     assert isinstance(err, PipelineError) and err.location.source == "  gemm:"
+
+
+def test_vector_latency_keys_are_the_vector_units_visa_ops() -> None:
+    from kiln.ir.visa_records import OPS
+
+    machine = load_schema()["$defs"]["machine"]["properties"]
+    names = machine["vector"]["properties"]["latency"]["propertyNames"]["enum"]
+    assert names == ["default", *(name for name, spec in OPS.items() if spec.unit == "vector")]
 
 
 def test_schema_is_valid_draft_2020_12() -> None:
