@@ -59,8 +59,11 @@ def _check(project: Project, stage, options: dict, key_path: str) -> None:
         module = importlib.import_module(stage.module)
         build_options(module.Options, options, stage.name)
     except KilnError as err:
-        bad = err.found if isinstance(err.found, str) and err.found in options else None
-        where = project.pipeline.locate(f"{key_path}.{bad}" if bad else key_path)
+        option = getattr(err, "option", None)  # a value out of its range: at the value
+        bad = option or (err.found if isinstance(err.found, str) and err.found in options else None)
+        where = project.pipeline.locate(
+            f"{key_path}.{bad}" if bad else key_path, value=option is not None
+        )
         raise PipelineError(
             err.message, where, expected=err.expected, found=err.found, hint=err.hint
         ) from None

@@ -155,3 +155,6 @@ def test_an_out_of_range_stage_option_is_a_load_error_at_its_line(
     assert rc == 2, out
     assert f"pipeline.yaml:{line}:" in out and f"error: {message}" in out, out
     assert f"expected: {expected}" in out and f"found: {found}" in out, out
+    option = options[1:].split(":")[0]
+    key = "kernels.scale_add.options.visa" if where == "kernel" else "stages[1].options"
+    assert f"at key: {key}.{option}" in out, out
