@@ -196,7 +196,7 @@ def _check_references(data: dict[str, Any], smap: Positions, root: Path) -> None
         stages[stage["name"]] = i
     named = [("machine", data.get("machine"))]
     for name, spec in data["kernels"].items():
-        _check_shapes(name, spec["shapes"], smap)
+        _check_shapes(name, spec.get("shapes") or {}, smap)
         _check_inputs(name, spec, smap)
         _check_fuzz(name, spec.get("fuzz") or {}, smap)
         _check_dtype_list(name, spec, data["kernels"], smap)
@@ -425,7 +425,7 @@ def _check_inputs(kernel: str, spec: dict[str, Any], smap: Positions) -> None:
     """
     base = f"kernels.{kernel}"
     written = [(f"{base}.inputs", spec.get("inputs") or {})]
-    for set_name, dims in spec["shapes"].items():
+    for set_name, dims in (spec.get("shapes") or {}).items():
         if isinstance(dims, dict) and isinstance(dims.get("inputs"), dict):
             written.append((f"{base}.shapes.{set_name}.inputs", dims["inputs"]))
     if not any(specs for _, specs in written):

@@ -365,10 +365,10 @@ def dtype_list_name(name: str, dtype: str) -> str:
 
 def _kernels(name: str, spec: dict[str, Any]) -> list[KernelSpec]:
     """The kernels of one entry of ``kernels:``: one, or one per dtype of a dtype list."""
-    shapes = spec["shapes"]
+    shapes = spec.get("shapes")  # none: a kernel of fixed sizes only, one set named default
     set_inputs: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
-    if all(isinstance(size, int) for size in shapes.values()):  # one flat set of dims
-        sets: tuple[tuple[str, Dims], ...] = (("default", _items(shapes)),)
+    if shapes is None or all(isinstance(size, int) for size in shapes.values()):  # one flat set
+        sets: tuple[tuple[str, Dims], ...] = (("default", _items(shapes)),)  # no shapes: {}
     else:
         sets = tuple(
             (set_name, tuple((d, v) for d, v in dims.items() if d != INPUTS_KEY))

@@ -197,9 +197,6 @@ CASES = [
     Case("kernels_empty", lambda text: _replace_block("kernels", "kernels: {}\n")(
         _drop_block("dumps")(_drop_block("apps")(text))),
          "declares no kernel", "kernels", "^kernels: {}", at="{}", found="an empty mapping"),
-    Case("missing_shapes", ("  transpose:\n    dtype: f32\n    shapes:\n" + TRANSPOSE,
-                            "  transpose:\n    dtype: f32\n"),
-         "missing required key 'shapes'", "kernels.transpose.shapes", "transpose:", at="transpose"),
     Case("missing_latency_default", ("latency: {default: 4}}", "latency: {exp: 4}}"),
          "missing required key 'default'", "machines.npu-tiny.vector.latency.default",
          "latency: {exp: 4}", at="latency: {exp"),  # points at the mapping that lacks it
@@ -246,9 +243,6 @@ CASES = [
          "duplicate stage name 'visa'", "stages[2].name", "# twice", at="visa  #",
          found="first at stages[1]"),
     # 9. shapes
-    Case("empty_shape_set", ("small: {M: 64, N: 128}", "small: {}"),
-         "shape set 'small' of kernel 'transpose' binds no dims",
-         "kernels.transpose.shapes.small", "small: {}", at="{}"),
     Case("flat_dim_not_identifier", (TRANSPOSE, "      M: 64\n      2N: 128\n"),
          "invalid dim name '2N'", "kernels.transpose.shapes.2N", "2N: 128", at="2N"),
     Case("set_dim_not_identifier", ("small: {M: 64, N: 128}", "small: {M: 64, N-1: 128}"),
@@ -469,6 +463,22 @@ def test_scientific_notation_without_a_dot_is_a_number(
     p = load_pipeline(project)
     assert p.kernel("gemm").tolerance == {"atol": value}
     assert p.machine_model("npu-tiny")["clock_mhz"] == 500.0
+
+
+def test_a_kernel_of_fixed_sizes_needs_no_shapes(project: Path) -> None:
+    edit(project, "  transpose:\n    dtype: f32\n    shapes:\n" + TRANSPOSE,
+         "  transpose:\n    dtype: f32\n  fixed: {shapes: {s: {}}}\n")  # fmt: skip
+    p = load_pipeline(project)
+    assert p.kernel("transpose").shapes == (("default", ()),)
+    assert p.kernel("fixed").shapes == (("s", ()),)
+
+
+def test_an_empty_shapes_mapping_is_still_an_error(project: Path) -> None:
+    edit(project, "  transpose:\n    dtype: f32\n    shapes:\n" + TRANSPOSE,
+         "  transpose:\n    dtype: f32\n    shapes: {}\n")  # fmt: skip
+    with pytest.raises(PipelineError, match="kernel 'transpose' has no shape sets") as info:
+        load_pipeline(project)
+    assert info.value.location.key_path == "kernels.transpose.shapes"
 
 
 def test_per_argument_dtypes_tolerance_and_function(project: Path) -> None:
