@@ -281,6 +281,11 @@ class Project:
                             location=self.pipeline.locate(f"{spec.key_path}.shapes.{set_name}"),
                             expected=f"a value for {dim}",
                             found="bound: " + (", ".join(sorted(bound)) or "nothing"),
+                            hint=(
+                                f"give its sizes: shapes: {{small: {{{dim}: 64}}}}"
+                                if not bound
+                                else None
+                            ),
                             notes=[f"{defined_at(source)}: def {source.name}(...)"],
                         )
 
