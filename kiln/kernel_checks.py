@@ -25,9 +25,11 @@ def unused_dims(pipeline, kernels: dict) -> list[KilnError]:
     ``kernels``: kernel name -> its source (``params``: (argument, dims) pairs).
     """
     found = []
+    warned = set()  # an entry with a dtype list is several kernels: one warning for it
     for spec in pipeline.kernels:
         source = kernels.get(spec.name)
-        if source is None:
+        entry = spec.entry or spec.name
+        if source is None or entry in warned:
             continue
         used = {d for _, dims in source.params for d in dims or () if isinstance(d, str)}
         unused: dict[str, list[tuple[str, object]]] = {}  # dim -> (shape set, value)
@@ -37,6 +39,7 @@ def unused_dims(pipeline, kernels: dict) -> list[KilnError]:
                     unused.setdefault(dim, []).append((set_name, value))
         if not unused:
             continue  # the usual case, on every load of every kernel
+        warned.add(entry)
         args = ", ".join(
             f"{arg}[{', '.join(map(str, dims))}]" if dims else arg for arg, dims in source.params
         )
@@ -47,9 +50,9 @@ def unused_dims(pipeline, kernels: dict) -> list[KilnError]:
                 which = "shape sets " + ", ".join(repr(s) for s, _ in sets)
             found.append(
                 KilnError(
-                    f"{which} of kernel {spec.name!r} bind{'s' * (len(sets) == 1)} {dim}, "
+                    f"{which} of kernel {entry!r} bind{'s' * (len(sets) == 1)} {dim}, "
                     f"which no argument of {source.name} uses: the value is ignored",
-                    location=pipeline.locate(f"kernels.{spec.name}.shapes.{set_name}.{dim}"),
+                    location=pipeline.locate(f"{spec.key_path}.shapes.{set_name}.{dim}"),
                     expected="dims of its arguments: " + (", ".join(sorted(used)) or "(none)"),
                     found=f"{dim}: {value}; {source.name}({args})",
                     hint=f"remove {dim}, or name it in an argument's Tensor[...] annotation",
