@@ -380,12 +380,35 @@ def find_pipeline(start: Path | None = None) -> Path:
                 found="a directory",
                 hint=f"rename the directory and write the pipeline into {PIPELINE_FILE}",
             )
+        if os.path.lexists(candidate):  # there, but no file: never "no pipeline file"
+            found = _not_a_file(candidate)
+            raise PipelineError(
+                f"{printable(str(candidate))} is {found}, not a pipeline file",
+                expected=f"{PIPELINE_FILE}, a YAML file",
+                found=found,
+                hint="replace it with the pipeline file (or a link to one)",
+            )
     raise PipelineError(
         f"no pipeline file ({PIPELINE_FILE}) in {printable(str(here))} or any directory above it",
         expected="a Kiln project: a directory holding pipeline.yaml",
         found=str(here),
         hint="run kiln inside a project, pass -f PATH/pipeline.yaml, or start one with `kiln init`",
     )
+
+
+def _not_a_file(path: Path) -> str:
+    """What stands at ``path`` in a pipeline file's place: a dangling link, a FIFO, ..."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "a symbolic link to nothing (or a loop of links)"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
 
 
 def defined_at(source: KernelSource) -> str:

@@ -59,6 +59,23 @@ def test_a_directory_named_pipeline_yaml_is_named_as_such(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "make, found",
+    [
+        (lambda p: p.symlink_to(p.parent / "nowhere.yaml"), "a symbolic link to nothing"),
+        (lambda p: os.mkfifo(p), "a FIFO"),
+    ],
+)
+def test_a_pipeline_yaml_that_is_no_file_is_named_as_such(tmp_path, make, found):
+    """Not 'no pipeline file ... in any directory above it': one is there."""
+    (tmp_path / "proj").mkdir()
+    make(tmp_path / "proj" / "pipeline.yaml")
+    proc = run_kiln(tmp_path / "proj", "compile")
+    assert proc.returncode == 2, proc.stderr
+    assert f"pipeline.yaml is {found}" in proc.stderr and "no pipeline file" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("variable", ["KILN_PIPELINE", "KILN_PIPELINE_FILE"])
 def test_a_pipeline_env_naming_nothing_names_the_variable(project, tmp_path, variable):
     proc = run_kiln(tmp_path, "status", env={variable: str(tmp_path / "nope.yaml")})
