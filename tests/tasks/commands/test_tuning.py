@@ -268,7 +268,7 @@ def test_a_bad_knob_in_tuning_jsonl_is_reported_at_its_line_not_pipeline_yaml(pr
         text = proc.stdout + proc.stderr
         assert proc.returncode != 0 and "Traceback" not in text
         assert "tuning.jsonl:1:1: error: a tuning record cannot be read" in text
-        assert 'found: knob visa.vector_tile is "zz", not a whole number >= 0' in text
+        assert 'found: knob visa.vector_tile is "zz", not a whole number from 0 to 16777216' in text
         assert "pipeline.yaml" not in text
 
 
