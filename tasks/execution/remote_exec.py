@@ -28,6 +28,7 @@ from kiln.tasks.model.digest import stage_module_info
 
 CONNECT_TIMEOUT = 10  # seconds to reach a scheduler before the build gives it up
 POLL = 0.5  # seconds between looks at a lost connection while waiting for a chain
+PROBE_EVERY = 2.0  # seconds between asking the scheduler itself while a batch runs
 
 
 class ClusterLost(ConnectionError):
@@ -44,6 +45,7 @@ class DaskExecutor:
             raise KilnError("the dask executor needs distributed", hint=DISTRIBUTED_HINT) from None
         quiet_dask_logs()
         self.settings = settings
+        self._asker = None  # the DeadlineCaller the scheduler is asked through
         try:
             if settings.address:
                 self.client = _scheduler_client(Client, settings.address)
@@ -59,9 +61,12 @@ class DaskExecutor:
         return self.client.submit(run_jobs, wire, pure=False)
 
     def wait(self, future) -> list[bytes]:
-        """The batch's results; ClusterLost when the scheduler is gone, or has had no
-        workers, for CONNECT_TIMEOUT."""
+        """The batch's results; ClusterLost when the scheduler is gone, stops answering,
+        has had no workers, or the worker running the batch has not been heard from, for
+        CONNECT_TIMEOUT. (A stopped scheduler keeps its connection open, and the
+        scheduler drops a stopped worker only after minutes: both held the build.)"""
         lost_since = idle_since = None
+        probed = time.monotonic()
         while True:
             try:
                 return future.result(timeout=POLL)
@@ -77,18 +82,42 @@ class DaskExecutor:
                     raise ClusterLost(f"lost the scheduler ({self.client.status})")
                 continue
             lost_since = None
-            if self._workers():
+            if now - probed < PROBE_EVERY:
+                continue
+            probed = now
+            workers, silent = self._ask_scheduler(future.key)
+            if silent > CONNECT_TIMEOUT:
+                raise ClusterLost(
+                    f"has a worker that has not answered for {silent:.0f} s while it builds"
+                )
+            if workers:
                 idle_since = None
             else:
                 idle_since = idle_since or now
                 if now - idle_since > CONNECT_TIMEOUT:
                     raise ClusterLost(f"has had no workers for {CONNECT_TIMEOUT} s")
 
-    def _workers(self) -> int:
-        try:
-            return len(self.client.scheduler_info().get("workers", {}))
-        except Exception:  # asked while the connection drops: the status says so next
-            return 1
+    def _ask_scheduler(self, key) -> tuple[int, float]:
+        """(workers, seconds since the worker running ``key`` was heard from), asked of
+        the scheduler itself; ClusterLost when it gives no answer within CONNECT_TIMEOUT."""
+        from kiln.cache.remote import DeadlineCaller  # imported by _scheduler_client already
+
+        def view(dask_scheduler):  # made here: pickled by value, the scheduler needs no Kiln
+            import time as clock
+
+            task = dask_scheduler.tasks.get(key)
+            worker = getattr(task, "processing_on", None)
+            silent = clock.time() - worker.last_seen if worker is not None else 0.0
+            return len(dask_scheduler.workers), silent
+
+        if self._asker is None:  # one thread for every question of this build
+            self._asker = DeadlineCaller()
+        outcome = self._asker.call(self.client.run_on_scheduler, (view,), CONNECT_TIMEOUT)
+        if outcome is None:
+            raise ClusterLost(f"stopped answering for {CONNECT_TIMEOUT} s")
+        if "error" in outcome:  # asked while the connection drops: the status says so next
+            return 1, 0.0
+        return outcome["value"]
 
     def close(self) -> None:
         client, self.client = self.client, None
