@@ -347,6 +347,8 @@ class RemoteStore:
 
     def has_action(self, key: str) -> bool | None:
         """Whether the remote holds an entry for ``key``; None when the remote is unavailable."""
+        if self.fs is None:  # never opened (a protocol no backend here knows): unavailable
+            return None
         return self._call(f"looking for action {key}", self.fs.exists, self._path("ac", key))
 
     def _put(self, path: str, data: bytes, skip_if_present: bool) -> int:

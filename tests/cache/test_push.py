@@ -56,6 +56,15 @@ def test_an_unavailable_remote_stops_the_push_with_one_warning(tmp_path, capfd):
     assert capfd.readouterr().err.count("kiln: warning: remote cache") == 1
 
 
+def test_a_url_no_backend_opens_stops_the_push_without_a_traceback(tmp_path, capfd):
+    remote = RemoteStore("bogus://x")
+    result = push(_filled(tmp_path, 3), remote)
+    assert result.stopped and result.pushed == 0
+    err = capfd.readouterr().err
+    assert err.count("kiln: warning: remote cache bogus://x is unavailable") == 1
+    assert "Traceback" not in err
+
+
 def test_kiln_cache_push_fills_the_team_cache_a_clean_clone_then_fetches(project, tmp_path):
     built = run_kiln(project, "compile", "vector_add", check=True)  # local store only
     assert "compiled)" in built.stdout
