@@ -339,6 +339,36 @@ def run_chain(
     return result
 
 
+def records_match(
+    chain: ChainSpec,
+    sources: Mapping[str, str],
+    records: Sequence[StageRecord],
+    files: Mapping[str, bytes],
+) -> bool:
+    """Whether a cached chain's ``records`` are this chain's, stage by stage (each key as
+    ``run_chain`` would compute it), and ``files`` hold the artifacts they name.
+
+    A cache entry is found by the chain's key, but its contents come from whoever
+    can write the cache: an entry filed under another chain's key, or one whose
+    files disagree with its own records, is never used.
+    """
+    if len(records) != len(chain.stages):
+        return False
+    inputs: dict[str, str] = dict(sources)
+    graph: str | None = None
+    for spec, record in zip(chain.stages, records, strict=True):
+        key = stage_key(spec, chain, inputs, stage_options(spec, chain, graph), graph)
+        data = files.get(spec.artifact)
+        if record.name != spec.name or record.key != key or data is None:
+            return False
+        if hashlib.sha256(data).hexdigest() != record.digest:
+            return False
+        if graph is None:
+            graph = record.digest
+        inputs = {"input": record.digest}
+    return True
+
+
 def _kept(
     old: StageRecord | None, key: str, spec: StageSpec, load: Callable[[str], bytes | None] | None
 ) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kiln.cache.session import COMPILED, session_for
 from kiln.cache.store import sha256
-from kiln.driver import ChainResult, StageFailed, StageRecord, run_chain
+from kiln.driver import ChainResult, StageFailed, StageRecord, records_match, run_chain
 from kiln.errors import KilnError, Location, StageError, environment_error
 from kiln.fsutil import remove_stale_tmp, stat_identity, write_with_identity
 from kiln.logconfig import get_logger
@@ -118,7 +118,7 @@ def _build_once(spec: InstanceSpec, out: Path) -> tuple[str, ChainResult | None,
     key = spec.chain.key(sources) if session is not None else None
     if session is not None:
         found, how = session.lookup(key)
-        if found is not None and _written_from_cache(spec, out, found, known):
+        if found is not None and _written_from_cache(spec, out, found, known, sources, key):
             return how, None, os.getpid()
     result, pid = ahead.result_for(spec, sources, known)
     if result is None:
@@ -182,8 +182,11 @@ def _written_from_cache(
     out: Path,
     found: dict[str, bytes],
     known: dict[str, StageRecord],
+    sources: dict[str, str],
+    key: str,
 ) -> bool:
-    """Write a cached chain's files; False (nothing written) for an entry that is not one."""
+    """Write a cached chain's files; False (nothing written) for an entry that is not one:
+    not a chain's, or another chain's, or one whose files are not what its records say."""
     raw = found.get(RECORD_OUTPUT)
     records = chain_record.decode(raw) if raw is not None else {}
     names = [s.name for s in spec.chain.stages]
@@ -193,8 +196,28 @@ def _written_from_cache(
     wanted = {*spec.chain.files(), *(f for r in records.values() for f in r.files)}
     if not all(f in files or f in _dump_dirs(spec) for f in wanted):
         return False
-    _write(spec, out, files, known, [records[n] for n in names])
+    in_order = [records[n] for n in names]
+    if not records_match(spec.chain, sources, in_order, files):
+        _foreign(key)
+        return False
+    _write(spec, out, files, known, in_order)
     return True
+
+
+def _foreign(key: str) -> None:
+    """Say once per entry that the cache holds what is not this chain's build."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    from kiln.logconfig import warn
+
+    warn(
+        f"cache entry for action {key} is not this chain's build (its records name other "
+        "stage keys or other files); ignored, rebuilding locally"
+    )
+
+
+_warned: set[str] = set()
 
 
 def _dump_dirs(spec: InstanceSpec) -> set[str]:

@@ -57,6 +57,27 @@ def test_a_whole_chain_is_one_cache_entry_fetched_by_a_clean_clone(project, tmp_
     assert snapshot(project) == built
 
 
+def test_an_entry_filed_under_another_chains_key_is_never_used(project, tmp_path):
+    """Two entries swapped in the store: each is found by a key that is not its own
+    chain's; both are reported, built here, and the build's bytes are a clean build's."""
+    import shutil
+
+    env = {"KILN_CACHE_DIR": str(tmp_path / "shared")}
+    run_kiln(project, "compile", env=env, check=True)
+    built = snapshot(project)
+    first, second = sorted((tmp_path / "shared" / "store" / "ac").glob("*/*.json"))[:2]
+    a, b = first.read_bytes(), second.read_bytes()
+    first.write_bytes(b)
+    second.write_bytes(a)
+    for made in ("build", ".kiln"):
+        shutil.rmtree(project / made)
+    proc = run_kiln(project, "compile", env=env, check=True)
+    assert "(2 fetched, 2 compiled)" in proc.stdout, proc.stdout
+    assert proc.stderr.count("is not this chain's build") == 2, proc.stderr
+    assert first.stem in proc.stderr and second.stem in proc.stderr
+    assert snapshot(project) == built
+
+
 def test_dumps_are_outputs_a_clean_clone_fetches(project, tmp_path):
     pipeline = project / "pipeline.yaml"
     pipeline.write_text(
