@@ -122,13 +122,7 @@ def chain_dict(chain: ChainSpec) -> dict:
     """``chain`` as plain data (for keys and the one conversion to a worker's bytes)."""
     return {
         "instance": chain.instance,
-        "trace": {
-            "module": chain.trace.module,
-            "function": chain.trace.function,
-            "bindings": [list(b) for b in chain.trace.bindings],
-            "dtypes": [list(d) for d in chain.trace.dtypes],
-            "default_dtype": chain.trace.default_dtype,
-        },
+        "trace": trace_dict(chain.trace),
         "stages": [
             {
                 "name": s.name,
@@ -150,6 +144,17 @@ def chain_dict(chain: ChainSpec) -> dict:
         if chain.tuning is None
         else {"graph": chain.tuning.graph, "knobs": chain.tuning.knobs},
         "tools": chain.tools,
+    }
+
+
+def trace_dict(trace: TraceSpec) -> dict:
+    """The trace request as plain data (a part of the chain's, and of the trace stage's key)."""
+    return {
+        "module": trace.module,
+        "function": trace.function,
+        "bindings": [list(b) for b in trace.bindings],
+        "dtypes": [list(d) for d in trace.dtypes],
+        "default_dtype": trace.default_dtype,
     }
 
 
@@ -258,7 +263,7 @@ def stage_key(
     """The content key of one stage: what decides its output bytes, never a path."""
     extra: dict[str, Any] = {"stage": stage.name}
     if stage is chain.stages[0]:
-        extra["trace"] = chain_dict(chain)["trace"]
+        extra["trace"] = trace_dict(chain.trace)
     if stage is chain.stages[-1]:
         extra["build"] = {
             "kernel": chain.build.kernel,
