@@ -23,6 +23,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
@@ -276,11 +277,22 @@ def stage_key(
     return action_key(
         inputs=dict(inputs),
         options=options,
-        machine=hashlib.sha256(chain.machine.encode()).hexdigest(),
+        machine=_digest(chain.machine),
         code=stage.code,
         extra=extra,
-        tools=json.loads(chain.tools) if chain.tools else None,
+        tools=_parsed(chain.tools) if chain.tools else None,
     )
+
+
+@lru_cache(maxsize=64)
+def _digest(text: str) -> str:
+    """A machine model's digest: the same few models recur in every chain of a build."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@lru_cache(maxsize=64)
+def _parsed(text: str) -> dict:
+    return json.loads(text)
 
 
 def stage_options(stage: StageSpec, chain: ChainSpec, graph: str | None) -> str:

@@ -32,12 +32,25 @@ def write_with_identity(path: str | os.PathLike, data: bytes) -> tuple[int, int,
     return _write_atomic(os.fspath(path), data, identity=True)
 
 
+def write_absent_atomic(path: str, data: bytes) -> None:
+    """``write_bytes_atomic`` for a path the caller has just found absent (a new blob):
+    the same temp file and rename, without looking at the target again first."""
+    _write_atomic(path, data, absent=True)
+
+
 def _write_atomic(
-    target: str, data: bytes, *, durable: bool = False, identity: bool = False
+    target: str,
+    data: bytes,
+    *,
+    durable: bool = False,
+    identity: bool = False,
+    absent: bool = False,
 ) -> bool | tuple[int, int, int] | None:
     """None when ``target`` held ``data``; else True, or its identity when asked."""
     # plain strings and os calls: this runs for every artifact, blob and entry of a build
     try:
+        if absent:
+            raise FileNotFoundError(target)
         # lstat: a symlink is never "unchanged", and the rename below replaces the link
         # itself, never what it points at: Kiln does not write through a symlink
         found = os.lstat(target)

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.fsutil import write_bytes_atomic
+from kiln.fsutil import write_absent_atomic, write_bytes_atomic
 
 # The output names an action entry may hold: one primary output (a stage's
 # artifact, a test report, an IREE module) and, beside an artifact, side
@@ -103,7 +103,7 @@ class LocalStore:
             _remove_squatter(path)  # a directory (made by hand) in the blob's place
         except OSError:
             pass
-        write_bytes_atomic(path, data)
+        write_absent_atomic(path, data)  # found absent just now: no second look
         return digest
 
     # -- action entries --------------------------------------------------------
