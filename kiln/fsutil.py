@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from stat import S_ISDIR, S_ISLNK, S_ISREG
+from stat import S_ISREG
 
 from kiln.tempnames import temp_path, writer_pid
 
@@ -54,11 +54,8 @@ def _write_atomic(
         # lstat: a symlink is never "unchanged", and the rename below replaces the link
         # itself, never what it points at: Kiln does not write through a symlink
         found = os.lstat(target)
-        if S_ISREG(found.st_mode):
-            if found.st_size == len(data) and holds(target, data):
-                return None
-        elif not S_ISDIR(found.st_mode) and not S_ISLNK(found.st_mode):
-            return _write_into(target, data)  # /dev/null, /dev/stdout, a FIFO: never replaced
+        if S_ISREG(found.st_mode) and found.st_size == len(data) and holds(target, data):
+            return None
     except (FileNotFoundError, NotADirectoryError):
         pass
     head = os.path.dirname(target)
@@ -91,16 +88,6 @@ def _write_atomic(
             pass
         raise
     return written
-
-
-def _write_into(target: str, data: bytes) -> bool:
-    """Write into a device or FIFO at ``target``: renaming a file over it would replace the
-    node itself (as root, ``--dump-schedule /dev/null`` made /dev/null a regular file)."""
-    with open(target, "wb", buffering=0) as f:
-        view = memoryview(data)
-        while view:
-            view = view[f.write(view) :]
-    return True
 
 
 def holds(path: str, data: bytes) -> bool:

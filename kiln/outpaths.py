@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,11 +47,38 @@ def write_output(path: Path, write: Callable[[Path], object]) -> None:
         staged = Path(tmp) / (path.name or "output")
         write(staged)
         data = staged.read_bytes()
-    if _special(path):
+    fd = _inherited_fd(path)
+    if fd is not None:  # /dev/stdout redirected to a log: write at its end, never truncate it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    elif _special(path):
         with open(path, "wb") as f:
             f.write(data)
     else:
         write_bytes_atomic(os.path.realpath(path), data)
+
+
+_STD_NAMES = {"/dev/stdout": 1, "/dev/stderr": 2}
+_FD_LINK = re.compile(r"/(?:proc/self|dev)/fd/(\d+)")
+
+
+def _inherited_fd(path: Path) -> int | None:
+    """The descriptor ``path`` names (/dev/stdout, /dev/fd/N, /proc/self/fd/N, or a link
+    to one): opening it anew would start at offset 0 and truncate what it points at."""
+    name = os.path.abspath(path)
+    for _ in range(8):  # a chain of links, as /dev/stdout -> /proc/self/fd/1
+        if name in _STD_NAMES:
+            return _STD_NAMES[name]
+        found = _FD_LINK.fullmatch(name)
+        if found:
+            return int(found.group(1))
+        if not os.path.islink(name):
+            return None
+        name = os.path.join(os.path.dirname(name), os.readlink(name))
+    return None
 
 
 def check_output(option: str, path: Path, *, directory: bool = False) -> None:

@@ -86,7 +86,8 @@ class DaskExecutor:
                 continue
             probed = now
             workers, silent = self._ask_scheduler(future.key)
-            if silent > CONNECT_TIMEOUT:
+            # a large cluster's workers beat less often (Dask: every n/200 + 1 s above 200)
+            if silent > max(CONNECT_TIMEOUT, 10 * (workers / 200 + 1)):
                 raise ClusterLost(
                     f"has a worker that has not answered for {silent:.0f} s while it builds"
                 )
@@ -115,8 +116,11 @@ class DaskExecutor:
         outcome = self._asker.call(self.client.run_on_scheduler, (view,), CONNECT_TIMEOUT)
         if outcome is None:
             raise ClusterLost(f"stopped answering for {CONNECT_TIMEOUT} s")
-        if "error" in outcome:  # asked while the connection drops: the status says so next
-            return 1, 0.0
+        if "error" in outcome:  # the connection dropping (the status says so next), or a
+            try:  # scheduler that will not run the question: count its workers as before
+                return len(self.client.scheduler_info().get("workers", {})), 0.0
+            except Exception:
+                return 1, 0.0
         return outcome["value"]
 
     def close(self) -> None:
