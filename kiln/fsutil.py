@@ -48,16 +48,15 @@ def _write_atomic(
 ) -> bool | tuple[int, int, int] | None:
     """None when ``target`` held ``data``; else True, or its identity when asked."""
     # plain strings and os calls: this runs for every artifact, blob and entry of a build
-    try:
-        if absent:
-            raise FileNotFoundError(target)
-        # lstat: a symlink is never "unchanged", and the rename below replaces the link
-        # itself, never what it points at: Kiln does not write through a symlink
-        found = os.lstat(target)
-        if S_ISREG(found.st_mode) and found.st_size == len(data) and holds(target, data):
-            return None
-    except (FileNotFoundError, NotADirectoryError):
-        pass
+    if not absent:
+        try:
+            # lstat: a symlink is never "unchanged", and the rename below replaces the link
+            # itself, never what it points at: Kiln does not write through a symlink
+            found = os.lstat(target)
+            if S_ISREG(found.st_mode) and found.st_size == len(data) and holds(target, data):
+                return None
+        except (FileNotFoundError, NotADirectoryError):
+            pass
     head = os.path.dirname(target)
     tmp = temp_path(target)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL

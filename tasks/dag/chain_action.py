@@ -118,14 +118,14 @@ def _build_once(spec: InstanceSpec, out: Path) -> tuple[str, ChainResult | None,
     key = spec.chain.key(sources) if session is not None else None
     if session is not None:
         found, how = session.lookup(key)
-        if found is not None and _written_from_cache(spec, out, found, known, sources, key):
+        if found is not None and _written_from_cache(spec, out, found, sources, key):
             return how, None, os.getpid()
     result, pid = ahead.result_for(spec, sources, known)
     if result is None:
         add_project_root(spec.root)
         result = run_chain(spec.chain, sources, known=known, load=file_reader(out))
         pid = os.getpid()
-    _write(spec, out, result.files, known, result.records)
+    _write(spec, out, result.files, result.records)
     if session is not None and key is not None:
         _store(spec, out, session, key, result)
     return COMPILED, result, pid
@@ -135,7 +135,6 @@ def _write(
     spec: InstanceSpec,
     out: Path,
     files: dict[str, bytes],
-    known: dict[str, StageRecord],
     records: list[StageRecord],
 ) -> None:
     """Write the files whose bytes changed, then the record, then the manifest.
@@ -181,7 +180,6 @@ def _written_from_cache(
     spec: InstanceSpec,
     out: Path,
     found: dict[str, bytes],
-    known: dict[str, StageRecord],
     sources: dict[str, str],
     key: str,
 ) -> bool:
@@ -200,7 +198,7 @@ def _written_from_cache(
     if not records_match(spec.chain, sources, in_order, files):
         _foreign(key)
         return False
-    _write(spec, out, files, known, in_order)
+    _write(spec, out, files, in_order)
     return True
 
 
