@@ -49,8 +49,10 @@ class ReportCache:
             report = json.loads(outputs[REPORT_OUTPUT])
         except ValueError:
             return None
-        if not well_formed(report):
-            return None  # not a report Kiln stored: the test runs, and its report replaces it
+        if not well_formed(report) or report.pop("key", None) != self.key:
+            # not a report Kiln stored, or one filed under another check's key (another
+            # instance's, another target's): the test runs, and its report replaces it
+            return None
         return {**report, "cache": how}
 
     def store(self, report: dict) -> None:
@@ -58,6 +60,7 @@ class ReportCache:
             return
         # the path is the reader's own: a clone elsewhere puts its own back
         kept = {k: v for k, v in report.items() if k not in ("path", "cache", "strict")}
+        kept["key"] = self.key  # what it answers: a report moved under another key is not used
         data = json.dumps(kept, indent=1, sort_keys=True).encode()
         try:
             self.session.store(self.key, {REPORT_OUTPUT: data})

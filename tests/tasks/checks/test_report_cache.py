@@ -121,3 +121,24 @@ def test_a_damaged_cached_report_is_a_miss_and_is_replaced(project, garbage):
     assert damaged == 1
     assert CHECKED in sim_test(project)  # run again, not printed from the damaged report
     assert CACHED in sim_test(project)  # and the report it wrote replaced the damaged one
+
+
+def test_a_report_filed_under_another_checks_key_is_not_used(project):
+    """Another instance's PASS put under this check's key (the entries swapped): both
+    checks run again, and their own reports replace what was there."""
+    run_kiln(project, "compile", check=True)
+    for _ in range(2):
+        proc = run_kiln(project, "test", "--target", "sim")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("cached)") >= 2
+    store = project / ".cache" / "store" / "ac"
+    entries = store.glob("*/*.json")
+    reports = [e for e in entries if "report" in json.loads(e.read_text())["outputs"]]
+    first, second = reports[:2]
+    a, b = first.read_bytes(), second.read_bytes()
+    first.write_bytes(b)
+    second.write_bytes(a)
+    proc = run_kiln(project, "test", "--target", "sim")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checked = [line for line in proc.stdout.splitlines() if line.startswith("PASS")]
+    assert sum("cached)" not in line for line in checked) == 2, proc.stdout
