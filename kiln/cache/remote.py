@@ -157,7 +157,7 @@ class RemoteStore:
         self._lock = threading.Lock()
         self._callers = threading.local()  # one serving thread per calling thread
         self.fs, self.root, self.protocol = None, "", url.split("://", 1)[0]
-        self.inline = False  # calls made here, not under a deadline on a thread
+        self.local_disk = False  # a directory on this machine's disk: called here, no deadline
         self._open()
 
     def _open(self) -> None:
@@ -178,7 +178,7 @@ class RemoteStore:
             self._trip(f"{type(error).__name__} while connecting: {error}")
         else:
             self.fs, self.root, self.protocol = outcome["value"]
-            self.inline = self.protocol == "file" and on_local_disk(self.root)
+            self.local_disk = self.protocol == "file" and on_local_disk(self.root)
 
     def _call(self, what: str, fn, *args, progress: list | None = None, writing: bool = False):
         """fn(*args) within the deadline; on any failure trip the breaker and return None.
@@ -189,14 +189,14 @@ class RemoteStore:
 
         The call runs on a daemon thread: a backend stuck past the deadline
         (a dead NFS server) is abandoned and cannot hold up the exit. A
-        directory on a local disk is read here (``inline``): it cannot hang.
+        directory on a local disk is read here (``local_disk``): it cannot hang.
         """
         if self.broken:
             return None
         if self.breaker is not None and os.path.exists(self.breaker):
             self.broken = True  # another process of this build found the remote down
             return None
-        if self.inline:  # a directory on a local disk: a read cannot hang (local_disk.py)
+        if self.local_disk:  # a directory on a local disk: a read cannot hang (local_disk.py)
             outcome = call_outcome(fn, args)  # Ctrl-C goes on up, as from the caller's wait
         else:
             caller = getattr(self._callers, "caller", None)

@@ -37,7 +37,10 @@ class CacheSession:
     def lookup(self, key: str) -> tuple[dict[str, bytes] | None, str]:
         """(outputs, how): from the local store (hit), the remote (fetched), or None.
 
-        A fetched action is kept in the local store, verified (never hashed again).
+        An action fetched over a network is kept in the local store, verified
+        (never hashed again). One fetched from a directory on this machine's own
+        disk is not: it is read back as fast as a local copy would be, and the
+        copy would cost a write per file and the disk space twice.
         """
         found = self.local.lookup(key)
         if found is not None:
@@ -45,7 +48,8 @@ class CacheSession:
         if self.remote is not None:
             fetched = self.remote.lookup_verified(key)
             if fetched is not None:
-                self._keep(key, *fetched)
+                if not self.remote.local_disk:
+                    self._keep(key, *fetched)
                 return fetched[0], FETCHED
         return None, COMPILED
 

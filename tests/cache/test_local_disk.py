@@ -57,5 +57,5 @@ def test_a_shared_directory_on_this_machines_disk_is_read_inline(tmp_path):
     from kiln.cache.remote import RemoteStore
 
     remote = RemoteStore(f"file://{tmp_path}/team")
-    assert remote.inline is on_local_disk(str(tmp_path))
-    assert RemoteStore("memory://team").inline is False  # not a directory at all
+    assert remote.local_disk is on_local_disk(str(tmp_path))
+    assert RemoteStore("memory://team").local_disk is False  # not a directory at all

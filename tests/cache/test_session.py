@@ -1,4 +1,5 @@
-"""One build's cache session: fetched actions land in the local store, behind the build."""
+"""One build's cache session: actions fetched over a network land in the local store at once;
+ones read from a directory on this machine's own disk are not copied."""
 
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ def _team(tmp_path, data: bytes) -> str:
     return url
 
 
-def _session(tmp_path, url: str) -> CacheSession:
-    return CacheSession(CacheConfig(local_dir=str(tmp_path / "local"), remote=url))
+def _session(tmp_path, url: str, *, network: bool = True) -> CacheSession:
+    session = CacheSession(CacheConfig(local_dir=str(tmp_path / "local"), remote=url))
+    # tmp_path is on a local disk: a network mount (NFS) of the same directory is not
+    session.remote.local_disk = not network
+    return session
 
 
-def test_a_fetched_action_is_in_the_local_store_at_once(tmp_path):
+def test_an_action_fetched_over_a_network_is_in_the_local_store_at_once(tmp_path):
     session = _session(tmp_path, _team(tmp_path, b"edf bytes"))
     assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, FETCHED)
     fetched = session.remote.fetched_bytes
@@ -35,8 +39,19 @@ def test_a_fetched_action_is_in_the_local_store_at_once(tmp_path):
     assert session.remote.fetched_bytes == fetched
 
 
+def test_an_action_read_from_a_local_disk_directory_is_not_copied(tmp_path):
+    url = _team(tmp_path, b"edf bytes")
+    session = CacheSession(CacheConfig(local_dir=str(tmp_path / "local"), remote=url))
+    assert session.remote.local_disk
+    assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, FETCHED)
+    assert session.lookup(KEY) == ({"artifact": b"edf bytes"}, FETCHED)  # read in place again
+    assert LocalStore(tmp_path / "local").lookup(KEY) is None
+    assert not list((tmp_path / "local").rglob("cas/*/*"))  # not one blob written twice
+
+
 def _fetch_in_child(local_dir: str, url: str, queue) -> None:
     session = CacheSession(CacheConfig(local_dir=local_dir, remote=url))
+    session.remote.local_disk = False  # as through a network mount
     session.lookup(KEY)
     # a worker process exits without atexit: the fetch is stored before lookup returns
     queue.put(LocalStore(local_dir).lookup(KEY))
