@@ -162,6 +162,18 @@ def _write_atomic(target: Path, payload: bytes) -> None:
 # -- references and other checks the schema cannot express ---------------------------
 
 
+def _plugin_runner_name(runner: str) -> bool:
+    """Whether ``runner`` may name a runner plugin: a dotted or ``:`` name (checked when
+    the target runs), or a plain name some installed package registers. Only a plain
+    name that is not Kiln's reads the installed packages' entry points: a typo of a
+    built-in runner is caught here, at its line, while the pipeline loads."""
+    if "." in runner or ":" in runner:
+        return True
+    from importlib.metadata import entry_points
+
+    return any(ep.name == runner for ep in entry_points(group="kiln.runners"))
+
+
 def _unknown(smap: Positions, what: str, name: str, key_path: str, choices: Any, **kw: Any) -> Any:
     """A "names something that does not exist" error with a did-you-mean hint."""
     kw.setdefault("value", True)
@@ -219,7 +231,7 @@ def _check_references(data: dict[str, Any], smap: Positions, root: Path) -> None
                 )
     for name, target in (data.get("targets") or {}).items():
         runner = target["runner"]
-        if runner not in BUILTIN_RUNNERS and "." not in runner and ":" not in runner:
+        if runner not in BUILTIN_RUNNERS and not _plugin_runner_name(runner):
             raise _unknown(
                 smap,
                 "runner",
@@ -228,7 +240,7 @@ def _check_references(data: dict[str, Any], smap: Positions, root: Path) -> None
                 BUILTIN_RUNNERS,
                 expected="one of: "
                 + ", ".join(BUILTIN_RUNNERS)
-                + ", or a plugin entry point name containing '.' or ':'",
+                + ", or the name of a plugin registered in the 'kiln.runners' entry-point group",
                 context=f" for target '{name}'",
             )
         named.append((f"targets.{name}.machine", target.get("machine")))

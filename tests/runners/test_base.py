@@ -97,3 +97,63 @@ def test_unknown_target_on_the_command_line_is_a_message_not_a_traceback(project
     assert "unknown target 'nope'" in proc.stderr and "one of: cpu, sim" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "compile:" not in proc.stdout  # refused before building anything
+
+
+PLUGIN = '''
+from kiln.runners.base import Runner, RunResult
+
+
+class Board(Runner):
+    """Runs the kernel's own Python function: as right as the oracle."""
+
+    kind = "board"
+
+    def prepare(self, artifacts):
+        return artifacts.function
+
+    def run(self, prepared, inputs):
+        out = prepared.eager(*inputs)
+        return RunResult(list(out) if isinstance(out, tuple) else [out], {})
+'''
+
+
+def _installed_plugin(root, name: str) -> dict:
+    """A runner plugin installed as a package would be: a dist-info with its entry point."""
+    dist = root / "acme_board-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-board\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[kiln.runners]\n{name} = acme_board:Board\n")
+    (root / "acme_board.py").write_text(PLUGIN)
+    return {"PYTHONPATH": str(root)}
+
+
+def test_a_plugin_registered_under_a_plain_name_is_a_target_runner(project, tmp_path):
+    """docs/targets.md: `acme = ...` in the group, then `board: {runner: acme}`."""
+    from tests.conftest import run_kiln
+
+    env = _installed_plugin(tmp_path / "site", "acme")
+    pipeline = project / "pipeline.yaml"
+    text = pipeline.read_text().replace("targets:\n", "targets:\n  board: {runner: acme}\n")
+    pipeline.write_text(text)
+    proc = run_kiln(project, "test", "vector_add.small", "--target", "board", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS    vector_add.small @ board" in proc.stdout
+    # the plugin uninstalled: an error at the runner's line, no traceback
+    bad = run_kiln(project, "test", "vector_add.small", "--target", "board")
+    assert bad.returncode == 2
+    assert "pipeline.yaml:22:19: error: unknown runner 'acme'" in bad.stderr
+    assert "a plugin registered in the 'kiln.runners' entry-point group" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_a_plain_runner_name_nothing_registers_is_refused_while_loading(project):
+    from kiln.errors import KilnError
+    from kiln.pipeline import load_pipeline
+
+    pipeline = project / "pipeline.yaml"
+    pipeline.write_text(
+        pipeline.read_text().replace("targets:\n", "targets:\n  b: {runner: simm}\n")
+    )
+    with pytest.raises(KilnError) as info:
+        load_pipeline(pipeline)
+    assert info.value.message == "unknown runner 'simm' for target 'b'"
