@@ -259,6 +259,9 @@ def cmd_clean(args) -> int:
             return 2 if rc == 3 else rc  # doit's 3: a name that is not a task
         if instances is not None:
             results = [p for inst in instances for p in kiln_results(inst.out_dir)]
+            for directory in _undeclared_instance_dirs(project, instances):
+                _clean_undeclared(project, directory, dry_run=args.dry_run)
+                results += kiln_results(directory)
             if not filters:  # the whole project's: the report and the last test run
                 results += kiln_results(Path(project.out_dir), whole=True)
             _remove(results, Path(project.out_dir), dry_run=args.dry_run)
@@ -306,6 +309,41 @@ class _CleanLines:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+def _undeclared_instance_dirs(project, instances) -> list[Path]:
+    """The out dirs of instances pipeline.yaml does not declare (``kiln bench --shape``,
+    an app's call at new sizes) of the kernels whose every declared instance is selected.
+
+    Only a directory holding Kiln's manifest counts: one Kiln built.
+    """
+    from kiln.tasks.chain.manifest import MANIFEST
+
+    selected = {inst.out_dir for inst in instances}
+    declared = {}
+    for inst in project.instances:
+        declared.setdefault(inst.kernel, set()).add(inst.out_dir)
+    found = []
+    for kernel in sorted({inst.kernel for inst in instances}):
+        if not declared[kernel] <= selected:
+            continue
+        base = Path(project.out_dir) / kernel
+        for directory in sorted(base.glob("*/")) if base.is_dir() else ():
+            if directory not in declared[kernel] and (directory / MANIFEST).is_file():
+                found.append(directory)
+    return found
+
+
+def _clean_undeclared(project, directory: Path, *, dry_run: bool) -> None:
+    """Remove what Kiln built in an undeclared instance's out dir, as its manifest lists it."""
+    from kiln.tasks.chain.chain_record import RECORD
+    from kiln.tasks.chain.manifest import clean_targets, read_doc
+
+    built = sorted({*read_doc(str(directory)).get("files", {}), RECORD})
+    targets = [str(directory / rel) for rel in built]
+    clean_targets(
+        str(directory), targets, str(project.out_dir), str(project.state_dir), dryrun=dry_run
+    )
 
 
 def kiln_results(directory: Path, *, whole: bool = False) -> list[Path]:

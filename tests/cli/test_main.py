@@ -53,6 +53,26 @@ def _files(root) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
 
+def test_clean_removes_what_bench_shape_built_with_its_kernel(project):
+    """docs/quickstart.md: clean deletes the files Kiln wrote for the kernels selected,
+    the instances `kiln bench --shape` built at sizes pipeline.yaml does not declare too."""
+    out = project / "build/kiln/kernel"
+    bench = ("bench", "gemm", "--shape", "M=8,K=8,N=8", "--target", "sim", "--iter", "1")
+    run_kiln(project, *bench, check=True)
+    shaped = out / "gemm/shape_K8_M8_N8"
+    built = sorted(p.name for p in shaped.iterdir())
+    assert {"kernel.edf", "bench-sim.json", ".kiln-manifest.json"} <= set(built)
+    (shaped / "notes.txt").write_text("mine\n")
+    for others in ("softmax", "gemm.small"):  # not the whole kernel: left alone
+        run_kiln(project, "clean", others, check=True)
+        assert sorted(p.name for p in shaped.iterdir()) == sorted([*built, "notes.txt"])
+    dry = run_kiln(project, "clean", "-n", "gemm", check=True)
+    assert "kiln: would remove build/kiln/kernel/gemm/shape_K8_M8_N8/kernel.edf" in dry.stdout
+    proc = run_kiln(project, "clean", "gemm", check=True)
+    assert "kiln: removed build/kiln/kernel/gemm/shape_K8_M8_N8/bench-sim.json" in proc.stdout
+    assert sorted(p.name for p in shaped.iterdir()) == ["notes.txt"]  # the user's stays
+
+
 def test_clean_filter_cleans_the_selected_instances_and_their_results_only(project):
     out = project / "build/kiln/kernel"
     run_kiln(project, "test", "vector_add", "gemm", check=True)
