@@ -29,7 +29,14 @@ from kiln.fsutil import write_bytes_atomic
 from kiln.ir.graph import Graph
 from kiln.ir.interp import NUMPY_DTYPES
 from kiln.runners.base import KernelArtifacts, Runner, RunResult
-from kiln.runners.iree_flags import LLVM_CPU_FLAGS, HostCpu, host_cpu, llvm_cpu_flags, widened
+from kiln.runners.iree_flags import (
+    DATA_TILING,
+    LLVM_CPU_FLAGS,
+    HostCpu,
+    host_cpu,
+    llvm_cpu_flags,
+    widened,
+)
 from kiln.runners.iree_mlir import func_name, to_mlir
 
 MISSING_EXTRA = "the iree target needs the optional 'iree' extra: pip install 'kiln-kernels[iree]'"
@@ -234,11 +241,29 @@ def compile_graph(
     # has one; doit's captured streams have none and refuse bytes: collect them as
     # text here and pass them on as text
     warnings = io.StringIO()
+    flags = resolved_flags(options)
     try:
         with contextlib.redirect_stderr(warnings):
-            vmfb = compiler.compile_str(
-                text, target_backends=[backend], extra_args=resolved_flags(options)
-            )
+            try:
+                vmfb = compiler.compile_str(text, target_backends=[backend], extra_args=flags)
+            except compiler.CompilerToolError as exc:
+                if not (_crashed(exc) and DATA_TILING in flags):
+                    raise
+                # IREE 3.13 segfaults packing some small half-precision matmuls under data
+                # tiling (a grouped NCHW conv_wgrad's): the same module, built without it,
+                # is correct and only slower. Deterministic: the crash is, so the vmfb's
+                # cache key still decides its bytes.
+                vmfb = compiler.compile_str(
+                    text,
+                    target_backends=[backend],
+                    extra_args=[f for f in flags if f != DATA_TILING],
+                )
+                from kiln.logconfig import warn
+
+                warn(
+                    f"iree-compile crashed on kernel {graph.name!r} with {DATA_TILING}; "
+                    "built it without data tiling (correct, possibly slower)"
+                )
     except compiler.CompilerToolError as exc:
         raise TargetError(
             f"iree-compile failed for kernel {graph.name!r} ({options.device})",
@@ -250,6 +275,11 @@ def compile_graph(
         if warnings.getvalue().strip():
             sys.stderr.write(warnings.getvalue())
     return vmfb, _time.perf_counter() - start
+
+
+def _crashed(exc: Exception) -> bool:
+    """Whether iree-compile died of a signal (a crash), not of a diagnostic."""
+    return re.search(r"^Error code: -\d+$", str(exc), re.MULTILINE) is not None
 
 
 def _diagnostics(text: str) -> list[str]:

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from functools import cache
 
 # After the CPU flags, for llvm-cpu with opt: true.
+DATA_TILING = "--iree-opt-data-tiling"
 LLVM_CPU_FLAGS = (
-    "--iree-opt-data-tiling",
+    DATA_TILING,
     "--iree-llvmcpu-enable-ukernels=all",
     "--iree-opt-level=O3",
 )

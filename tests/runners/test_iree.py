@@ -368,6 +368,26 @@ def test_batched_matmul_of_a_broadcasting_elementwise_result_matches_oracle(runn
     check(runner, b.graph(b.matmul(centred, v)), tolerance={"f32": MATMUL_F32})
 
 
+def test_a_half_grouped_conv_wgrad_iree_compile_crashes_on_is_built_without_data_tiling(
+    runner, capfd
+):
+    """iree-compile 3.13 segfaults (in inferSizesFromIR(linalg::PackOp)) on an f16 grouped
+    NCHW conv_wgrad under --iree-opt-data-tiling: the module is built again without it."""
+    import kiln
+    from kiln import Tensor, device
+    from kiln.lang import trace
+
+    def w_min(x: Tensor[1, 4, 4, 4], dy: Tensor[1, 2, 2, 2]):
+        return kiln.conv_wgrad(x, dy, (2, 2, 3, 3), groups=2, layout="NCHW")
+
+    graph = trace(device(w_min), {}, {"x": "f16", "dy": "f16"})
+    check(runner, graph, tolerance={"f16": (1e-2, 1e-2)})
+    if runner.config.device == "llvm-cpu":
+        err = capfd.readouterr().err
+        assert "iree-compile crashed on kernel 'w_min' with --iree-opt-data-tiling" in err
+        assert "Traceback" not in err
+
+
 # -- runner behaviour -------------------------------------------------------
 
 
