@@ -32,7 +32,10 @@ from pathlib import Path
 from typing import Any
 
 INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
 FLOAT_DTYPES = ("f32", "f16", "bf16")
+# The largest finite value of each float dtype: a parameter beyond it would draw inf.
+FLOAT_MAX = {"f32": 3.4028234663852886e38, "f16": 65504.0, "bf16": 3.3895313892515355e38}
 INT_DTYPES = ("i32", "bool")
 
 
@@ -206,8 +209,47 @@ def argument_problem(
                     f"whole numbers from {INT32[0]} to {INT32[1]}",
                     repr(value),
                 )
+    if dtype in FLOAT_MAX:
+        problem = _float_range_problem(dist.name, params, dtype)
+        if problem is not None:
+            return problem
     if dist.name == "npy":
         return _npy_problem(params["value"], dtype, shape, root)
+    return None
+
+
+def _float_range_problem(name: str, params: dict[str, Any], dtype: str) -> InputProblem | None:
+    """A parameter a float argument of ``dtype`` cannot hold: drawn, it would be inf.
+
+    ``integers`` draws int64, so its range must also lie within int64.
+    """
+    top = FLOAT_MAX[dtype]
+    if name == "integers":
+        low, high = max(INT64[0], -math.floor(top)), min(INT64[1], math.floor(top))
+        for key, value, ok in (
+            ("low", params["low"], low <= params["low"]),
+            ("high", params["high"], params["high"] - 1 <= high),
+        ):
+            if not ok:
+                return InputProblem(
+                    f"integers.{key} {value!r} is out of range: the argument is {dtype}",
+                    f"integers.{key}",
+                    f"low >= {low} and high <= {high + 1}"
+                    f" (whole numbers within int64 and {dtype}'s range; high is excluded)",
+                    repr(value),
+                )
+        return None
+    keys = {"constant": ["value"], "npy": []}.get(name, ["low", "high", "mean", "std"])
+    for key in keys:
+        value = params.get(key)
+        if value is not None and abs(value) > top:
+            where = name if key == "value" else f"{name}.{key}"
+            return InputProblem(
+                f"{where} {value!r} is beyond {dtype}'s range",
+                where,
+                f"a number within ±{top:.17g} (the largest finite {dtype} value)",
+                repr(value),
+            )
     return None
 
 
@@ -255,12 +297,12 @@ def _npy_problem(path: str, dtype: str, shape, root: Path) -> InputProblem | Non
             str(full),
             "write it with numpy.save",
         )
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # EOFError, ValueError, TokenError...: whatever the bytes hold
         return InputProblem(
             f"{path} is not a .npy file numpy can read",
             "npy",
             "a file written by numpy.save",
-            str(exc),
+            str(exc) or type(exc).__name__,
         )
     if not isinstance(array, np.ndarray):
         return InputProblem(f"{path} holds no single array", "npy", "a .npy file", "an archive")
@@ -273,14 +315,19 @@ def _npy_problem(path: str, dtype: str, shape, root: Path) -> InputProblem | Non
         )
     accepted = accepted_npy_dtypes(dtype)
     if str(array.dtype) not in accepted:
+        shown = [
+            "bfloat16 (numpy.save of an ml_dtypes.bfloat16 array, read back as |V2)"
+            if name == "|V2"
+            else name
+            for name in accepted
+        ]
+        save_as = {"i32": "int32", "bool": "bool_"}.get(dtype, "float32")
         return InputProblem(
             f"{path} holds {array.dtype} values, the argument is {dtype}",
             "npy",
-            "dtype " + " or ".join(accepted),
+            "dtype " + " or ".join(shown),
             str(array.dtype),
-            f"save it with .astype(numpy.{accepted[0]})"
-            if accepted[0] in ("float32", "int32")
-            else None,
+            f"save it as {save_as} with .astype(numpy.{save_as})",
         )
     return None
 
@@ -290,12 +337,13 @@ def accepted_npy_dtypes(dtype: str) -> tuple[str, ...]:
 
     A half-float argument also takes float32 (rounded to it when read): a
     bf16 output that ``kiln run --save-outputs`` wrote as float32 reads back
-    exactly.
+    exactly. numpy.save writes an ml_dtypes.bfloat16 array as 2-byte voids
+    (``|V2``): a bf16 argument reads those as bf16 bits.
     """
     return {
         "f32": ("float32",),
         "f16": ("float16", "float32"),
-        "bf16": ("bfloat16", "float32"),
+        "bf16": ("|V2", "float32"),
         "i32": ("int32",),
         "bool": ("bool",),
     }.get(dtype, (dtype,))
@@ -339,6 +387,8 @@ def random_inputs(
         dist, params = parse(spec)
         if dist.name == "npy":
             values = np.load(Path(root or ".") / params["value"], allow_pickle=False)
+            if values.dtype.kind == "V":  # bf16 as numpy.save writes it: its bits
+                values = values.view(NUMPY_DTYPES["bf16"])
         else:
             values = dist.draw(rng, shape, params)
         if dtype == "i32":
@@ -346,7 +396,11 @@ def random_inputs(
         elif dtype == "bool":
             arrays.append(np.asarray(values).astype(np.bool_))
         else:
-            arrays.append(np.asarray(values).astype(np.float32).astype(NUMPY_DTYPES[dtype]))
+            if dist.name == "normal":  # a tail beyond the dtype's range: its largest value
+                values = np.clip(values, -FLOAT_MAX[dtype], FLOAT_MAX[dtype])
+            with np.errstate(over="ignore"):  # an f32 file's values beyond f16 round to inf
+                values = np.asarray(values).astype(np.float32).astype(NUMPY_DTYPES[dtype])
+            arrays.append(values)
     return arrays
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import textwrap
+import warnings
 import xml.etree.ElementTree as ET
 import zlib
 from pathlib import Path
@@ -21,6 +22,7 @@ from kiln.compare import vacuity
 from kiln.errors import KilnError, PipelineError
 from kiln.inputs import (
     DISTRIBUTIONS,
+    FLOAT_MAX,
     argument_problem,
     input_key,
     random_inputs,
@@ -116,6 +118,116 @@ def test_a_spec_is_checked_against_its_argument(tmp_path):
 def test_a_bad_spec_given_by_hand_is_an_error_not_a_traceback(tmp_path):
     with pytest.raises(KilnError, match="argument 1: no such .npy file"):
         random_inputs("x", [((2,), "f32"), ((2,), "f32", {"npy": "gone.npy"})], root=tmp_path)
+
+
+def test_an_empty_or_cut_npy_file_is_a_problem_not_a_crash(tmp_path):
+    (tmp_path / "empty.npy").write_bytes(b"")  # np.load raises EOFError
+    np.save(tmp_path / "ok.npy", np.zeros(3, np.float32))
+    header = (tmp_path / "ok.npy").read_bytes()
+    (tmp_path / "cut.npy").write_bytes(header[: header.index(b"'shape'") + 9])  # TokenError
+    for name, found in [("empty.npy", "No data left in file"), ("cut.npy", None)]:
+        problem = argument_problem({"npy": name}, "f32", (3,), tmp_path)
+        assert problem.message == f"{name} is not a .npy file numpy can read", name
+        assert problem.key == "npy" and problem.expected == "a file written by numpy.save"
+        assert found is None or problem.found == found
+    with pytest.raises(KilnError, match="argument 0: empty.npy is not a .npy file"):
+        random_inputs("x", [((3,), "f32", {"npy": "empty.npy"})], root=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype", "key", "expected"),
+    [
+        ({"low": 0, "high": 10**20}, "f32", "high", "high <= 9223372036854775808"),
+        ({"low": 10**20 - 9, "high": 10**20}, "bf16", "high", "and bf16's range"),
+        ({"low": -(2**63) - 1, "high": 0}, "f32", "low", "low >= -9223372036854775808"),
+        ({"low": 0, "high": 65506}, "f16", "high", "low >= -65504 and high <= 65505"),
+    ],
+)
+def test_an_integers_range_a_float_argument_cannot_hold_is_a_problem(spec, dtype, key, expected):
+    problem = argument_problem({"integers": spec}, dtype, (4,), Path("."))
+    assert (
+        problem.message == f"integers.{key} {spec[key]!r} is out of range: the argument is {dtype}"
+    )
+    assert problem.key == f"integers.{key}" and problem.found == repr(spec[key])
+    assert expected in problem.expected
+    with pytest.raises(KilnError, match=f"argument 0: integers.{key} "):
+        random_inputs("x", [((4,), dtype, {"integers": spec})])  # no numpy ValueError
+
+
+def test_an_integers_range_at_the_edge_of_a_float_argument_draws_finite_values():
+    specs = [
+        ((1000,), "f32", {"integers": {"low": -(2**63), "high": 2**63}}),
+        ((1000,), "f16", {"integers": {"low": -65504, "high": 65505}}),
+    ]
+    assert all(argument_problem(s, d, n, Path(".")) is None for n, d, s in specs)
+    wide, half = random_inputs("x", specs)
+    assert np.abs(wide).max() > 2**62 and np.isfinite(half).all() and np.abs(half).max() > 6e4
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype", "key", "found", "top"),
+    [
+        ({"uniform": {"low": -1e39, "high": 1e39}}, "f32", "uniform.low", "-1e+39", "3.4028"),
+        ({"constant": 1e39}, "f32", "constant", "1e+39", "3.4028234663852886e+38"),
+        ({"normal": {"std": 1e300}}, "f32", "normal.std", "1e+300", "3.4028"),
+        ({"normal": {"mean": -4e38}}, "bf16", "normal.mean", "-4e+38", "3.3895313892515355e+38"),
+        ({"uniform": {"low": 0, "high": 70000}}, "f16", "uniform.high", "70000", "±65504 "),
+        ({"positive": {"high": 65505.0}}, "f16", "positive.high", "65505.0", "±65504 "),
+        ({"constant": -65536}, "f16", "constant", "-65536", "±65504 "),
+    ],
+)
+def test_a_float_parameter_beyond_the_arguments_dtype_is_a_problem(spec, dtype, key, found, top):
+    problem = argument_problem(spec, dtype, (4,), Path("."))
+    assert problem.message == f"{key} {found} is beyond {dtype}'s range"
+    assert problem.key == key and problem.found == found
+    assert problem.expected.startswith("a number within ±") and top in problem.expected
+
+
+def test_drawing_inputs_never_warns_and_never_draws_inf(tmp_path):
+    np.save(tmp_path / "big.npy", np.array([1e5, -1e5, 1.0], np.float32))
+    specs = [
+        ((4000,), "f32", {"normal": {"std": 3e38}}),  # a tail past f32: clipped
+        ((4000,), "bf16", {"normal": {"mean": 3e38, "std": 1e38}}),
+        ((4000,), "f16", {"normal": {"std": 6e4}}),
+        ((4000,), "f32", {"uniform": {"low": -3.4e38, "high": 3.4e38}}),
+        ((4000,), "f16", {"constant": 65504}),
+        ((3,), "f16", {"npy": "big.npy"}),  # a file is read as it is: rounds to inf
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a numpy RuntimeWarning fails the test
+        wide, bf, half, uniform, const, npy = random_inputs("x", specs, root=tmp_path)
+    for array, dtype in [(wide, "f32"), (bf, "bf16"), (half, "f16")]:
+        top = FLOAT_MAX[dtype]
+        assert np.isfinite(array).all() and array.astype(np.float32).max() == np.float32(top)
+    assert np.isfinite(uniform).all() and np.abs(uniform).max() > 3e38
+    assert (const == 65504).all()
+    assert npy.dtype == np.float16 and npy.tolist() == [np.inf, -np.inf, 1.0]
+
+
+def test_a_bf16_npy_file_reads_as_bf16_bits_for_a_bf16_argument(tmp_path):
+    import ml_dtypes
+
+    values = np.array([1.5, -2.0, 3e38, 1e-3, 0.0, -np.inf], ml_dtypes.bfloat16)
+    np.save(tmp_path / "bf.npy", values)  # what numpy writes: descr '<V2'
+    assert str(np.load(tmp_path / "bf.npy").dtype) == "|V2"
+    assert argument_problem({"npy": "bf.npy"}, "bf16", (6,), tmp_path) is None
+    (got,) = random_inputs("x", [((6,), "bf16", {"npy": "bf.npy"})], root=tmp_path)
+    assert got.dtype == NUMPY_DTYPES["bf16"]
+    assert np.array_equal(got.view(np.uint16), values.view(np.uint16))  # bit for bit
+    np.save(tmp_path / "f64.npy", np.zeros(6))
+    refused = [
+        ("bf.npy", "f16", "|V2", "dtype float16 or float32"),  # 2 bytes, but whose?
+        ("bf.npy", "f32", "|V2", "dtype float32"),
+        ("f64.npy", "bf16", "float64", "dtype bfloat16 (numpy.save of an ml_dtypes.bfloat16"),
+    ]
+    for name, dtype, found, expected in refused:
+        problem = argument_problem({"npy": name}, dtype, (6,), tmp_path)
+        assert problem.message == f"{name} holds {found} values, the argument is {dtype}"
+        assert problem.expected.startswith(expected) and problem.found == found
+        assert problem.hint == "save it as float32 with .astype(numpy.float32)"
+    np.save(tmp_path / "i64.npy", np.zeros(6, np.int64))
+    problem = argument_problem({"npy": "i64.npy"}, "i32", (6,), tmp_path)
+    assert problem.hint == "save it as int32 with .astype(numpy.int32)"
 
 
 def test_the_input_key_holds_each_spec_and_an_npy_files_bytes(tmp_path):

@@ -107,6 +107,14 @@ BAD = [
     ("missing npy", "      labels: {npy: data/labels.npy}\n", "labels", "no such .npy file"),
     ("mis-shaped npy", "      labels: {npy: data/short.npy}\n", "labels",
      "has shape [3], the argument [256]"),
+    ("empty npy", "      labels: {npy: data/empty.npy}\n", "labels",
+     "data/empty.npy is not a .npy file numpy can read"),
+    ("integers past int64", "      labels: {integers: {low: 0, high: 99999999999999999999}}\n",
+     "labels", "integers.high 99999999999999999999 is out of range: the argument is f32"),
+    ("constant past f32", "      logits: {constant: 1e39}\n", "logits",
+     "constant 1e+39 is beyond f32's range"),
+    ("uniform past f32", "      logits: {uniform: {low: -1e39, high: 1e39}}\n", "logits",
+     "uniform.low -1e+39 is beyond f32's range"),
 ]  # fmt: skip
 
 
@@ -114,18 +122,20 @@ BAD = [
 def test_a_bad_inputs_entry_is_one_error_at_its_line_everywhere(fresh, case, entry, marker, words):
     (fresh / "data").mkdir()
     np.save(fresh / "data" / "short.npy", np.zeros(3, np.float32))
+    (fresh / "data" / "empty.npy").write_bytes(b"")
     text = edit(fresh, ENTRY, ENTRY + "    inputs:\n" + entry)
     line = next(i for i, x in enumerate(text.splitlines(), 1) if marker in x)
     doit = subprocess.run([sys.executable, "-m", "doit", "compile"], cwd=fresh,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     for proc in (
+        run_kiln(fresh, "compile"),
         run_kiln(fresh, "test", "--target", "sim"),
         run_kiln(fresh, "run", "top1_accuracy", "--target", "sim"),
         doit,
     ):
         output = proc.stdout + proc.stderr
         assert proc.returncode == 2, output
-        assert "Traceback" not in output
+        assert "Traceback" not in output and "Warning" not in output
         assert len(re.findall(r"\berror:", output)) == 1, output
         assert f"pipeline.yaml:{line}:" in output and words in output, output
 
@@ -144,3 +154,47 @@ def test_a_dtype_list_makes_one_instance_per_dtype_and_bf16_outputs_load(fresh: 
     loaded = kiln.load_outputs(out)["out0"]
     assert str(loaded.dtype) == "bfloat16"
     assert np.array_equal(loaded.astype(np.float32), plain)  # the widening is exact
+
+
+def test_huge_normal_inputs_are_clipped_without_a_numpy_warning(fresh: Path):
+    edit(fresh, ENTRY, ENTRY + "    inputs:\n      logits: {normal: {std: 3e38}}\n")
+    for proc in (
+        run_kiln(fresh, "run", "top1_accuracy", "--target", "cpu"),
+        run_kiln(fresh, "test", "top1_accuracy", "--target", "sim"),
+    ):
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0, output
+        assert "Warning" not in output and "overflow" not in output, output  # no numpy cast warning
+    assert "PASS    top1_accuracy.default @ sim" in proc.stdout
+
+
+def test_a_bf16_npy_file_feeds_a_bf16_argument_and_others_get_a_hint(fresh: Path):
+    import ml_dtypes
+
+    (fresh / "data").mkdir()
+    x = np.linspace(-4, 4, 1024).astype(ml_dtypes.bfloat16)
+    np.save(fresh / "data" / "bf.npy", x)  # numpy writes it as 2-byte voids: |V2
+    np.save(fresh / "data" / "f64.npy", np.zeros(1024))
+    edit(fresh, "    dtype: f32\n", "    dtype: bf16\n")
+    small = "      small: {N: 1024}\n"
+    edit(
+        fresh, small, "      small: {N: 1024, inputs: {x: {npy: data/bf.npy}, y: {constant: 0}}}\n"
+    )
+    proc = run_kiln(fresh, "test", "scale_add.small", "--target", "sim")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS    scale_add.small @ sim" in proc.stdout
+    out = fresh / "out"
+    run_kiln(fresh, "run", "scale_add.small", "--target", "sim", "--save-outputs", str(out),
+             check=True)  # fmt: skip
+    assert np.array_equal(np.load(out / "out0.npy"), 2 * x.astype(np.float32))  # 2x + 0: exact
+
+    text = edit(fresh, "data/bf.npy", "data/f64.npy")
+    line = next(i for i, x in enumerate(text.splitlines(), 1) if "f64.npy" in x)
+    for proc in (run_kiln(fresh, "compile"), run_kiln(fresh, "test", "--target", "sim")):
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in output, output
+        assert f"pipeline.yaml:{line}:" in output, output
+        assert "data/f64.npy holds float64 values, the argument is bf16" in output
+        assert "expected: dtype bfloat16 (numpy.save of an ml_dtypes.bfloat16 array" in output
+        assert "found: float64" in output
+        assert "save it as float32 with .astype(numpy.float32)" in output
