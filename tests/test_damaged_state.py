@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.tasks.model.discovery import CACHE_FORMAT
 from tests.conftest import REPO, machines_yaml, ran_tasks, run_kiln
 from tests.support.pipelines import STAGES
 
@@ -209,7 +210,9 @@ def test_damaged_doit_database_is_moved_aside_and_rebuilt(small, damage, entry):
         assert ran_tasks(kiln(small, "compile", check=True)) == []
 
 
-@pytest.mark.parametrize("content", ["[1, 2, 3]", '{"format": 3, "files": {"x": 1}}'])
+@pytest.mark.parametrize(
+    "content", ["[1, 2, 3]", f'{{"format": {CACHE_FORMAT}, "files": {{"x": 1}}}}']
+)
 def test_discovery_cache_of_the_wrong_shape_is_not_used(small, content):
     (small / ".kiln" / "discovery.json").write_text(content)
     proc = kiln(small, "compile", check=True)
@@ -321,6 +324,30 @@ def test_dump_dir_replaced_by_a_symlink_is_not_written_through(small, tmp_path):
     no_traceback(proc)
     assert list(elsewhere.iterdir()) == []
     assert not summary.is_symlink() and (summary / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("how", ["edited", "deleted"])
+def test_a_file_lost_from_a_dump_directory_is_written_again(small, how):
+    """The directory is the task's target: while it stood, the task looked built and the
+    lost file never came back."""
+    (small / "pipeline.yaml").write_text(
+        (small / "pipeline.yaml").read_text()
+        + "dumps:\n  - kernels: [vector_add]\n    kinds: [summary]\n"
+    )
+    kiln(small, "compile", check=True)
+    summary = small / INSTANCE / "dumps" / "summary"
+    kept = {p.name: p.read_bytes() for p in summary.iterdir()}
+    assert set(kept) == {"summary.json", "summary.txt"}
+    if how == "edited":
+        (summary / "summary.txt").write_text("edited by hand\n")
+    else:
+        (summary / "summary.json").unlink()
+    status = kiln(small, "status")
+    assert "compile:vector_add.small: would run" in status.stdout
+    proc = kiln(small, "compile", check=True)
+    no_traceback(proc)
+    assert {p.name: p.read_bytes() for p in summary.iterdir()} == kept
+    assert "0 ran" in kiln(small, "compile", check=True).stdout
 
 
 # -- pipes, disks and entry points -----------------------------------------------------------

@@ -221,6 +221,7 @@ def _check_dir(directory: str, files: dict, damaged: list[str], unchanged: set[s
     """Check one directory's recorded ``files`` (its manifest, changed in place); True if
     the manifest changed. Damaged files are removed and listed in ``damaged``."""
     changed = False
+    lost_dirs = set()  # dump directories (targets) that lost a file Kiln wrote there
     for rel, entry in list(files.items()):
         path = os.path.join(directory, rel)
         try:
@@ -240,6 +241,7 @@ def _check_dir(directory: str, files: dict, damaged: list[str], unchanged: set[s
             # missing: doit rebuilds a missing target by itself, once no symlink
             # stands in for it (a dump dir replaced by a link to elsewhere)
             damaged.extend(_unlink_links(directory, rel))
+            lost_dirs.add(_dump_dir(rel))
             continue
         try:
             same = file_digest(path) == digest
@@ -260,8 +262,43 @@ def _check_dir(directory: str, files: dict, damaged: list[str], unchanged: set[s
             except OSError:
                 continue
             del files[rel]
+            lost_dirs.add(_dump_dir(rel))
         changed = True
+    lost_dirs.discard(None)
+    if lost_dirs:
+        changed = _clear_dump_dirs(directory, files, lost_dirs) or changed
     return changed
+
+
+def _dump_dir(rel: str) -> str | None:
+    """The dump directory (``dumps/summary``) a recorded file lies in; None for any other."""
+    parts = rel.split(os.sep)
+    return os.sep.join(parts[:2]) if len(parts) > 2 and parts[0] == "dumps" else None
+
+
+def _clear_dump_dirs(directory: str, files: dict, lost: set[str]) -> bool:
+    """Remove the rest of what Kiln wrote in each dump directory that lost a file.
+
+    A directory dump is one target of its task: while the directory stands,
+    doit takes the task as built, and the file lost in it would never come
+    back. Emptied and removed, the target is missing and the next build
+    writes the whole directory again. A file of yours in it stays (and so
+    does the directory).
+    """
+    for rel in [r for r in files if _dump_dir(r) in lost]:
+        try:
+            os.unlink(os.path.join(directory, rel))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+        del files[rel]
+    for name in lost:
+        try:
+            os.rmdir(os.path.join(directory, name))  # only when empty
+        except OSError:
+            pass
+    return True
 
 
 def _through_symlink(directory: str, rel: str) -> bool:
