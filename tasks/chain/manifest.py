@@ -324,7 +324,8 @@ def _unlink_links(directory: str, rel: str) -> list[str]:
     return removed
 
 
-def _prune(directory: str, stop: str) -> None:
+def prune(directory: str, stop: str) -> None:
+    """Remove ``directory`` and its parents while empty, up to but never ``stop``."""
     stop = os.path.abspath(stop)
     directory = os.path.abspath(directory)
     while directory != stop and directory.startswith(stop + os.sep):
@@ -387,7 +388,7 @@ def clean_targets(
             except OSError:
                 pass
             files.pop(rel, None)
-            _prune(os.path.dirname(path), stop)
+            prune(os.path.dirname(path), stop)
     if files or sides:
         write(directory, files, sides)
     else:
@@ -395,7 +396,7 @@ def clean_targets(
             os.unlink(os.path.join(directory, MANIFEST))
         except OSError:
             pass
-        _prune(directory, stop)
+        prune(directory, stop)
 
 
 def _owned(directory: str, target: str, files: dict, sides: dict) -> list[str]:

@@ -146,6 +146,7 @@ def _write(
     sides = {f for r in records for f in r.files if not f.startswith("dumps/")}
     doc = manifest.read_doc(str(out))
     entries = doc.get("files", {})
+    _drop_unrequested_dumps(spec, out, entries)
     made = set()
     prefix = str(out) + os.sep  # plain strings: this loop runs for every file of a build
     for rel, data in sorted(files.items()):
@@ -216,6 +217,24 @@ def _foreign(key: str) -> None:
 
 
 _warned: set[str] = set()
+
+
+def _drop_unrequested_dumps(spec: InstanceSpec, out: Path, entries: dict) -> None:
+    """Remove the dumps an earlier build wrote that pipeline.yaml no longer asks for: left
+    in place (and in the manifest) they described an older kernel beside fresh dumps."""
+    wanted = _dump_dirs(spec)
+    for rel in [r for r in entries if r.startswith("dumps/")]:
+        if rel in wanted or any(rel.startswith(d + "/") for d in wanted):
+            continue
+        path = out / rel
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue
+        del entries[rel]
+        manifest.prune(str(path.parent), str(out))
 
 
 def _dump_dirs(spec: InstanceSpec) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -215,6 +216,32 @@ def test_dumps_section_writes_every_kind_and_reruns_only_the_owning_stages(proje
     assert stages_ran(project) == {"compile:softmax.small": ["schedule"]}
     assert (dumps / "schedule.json").stat().st_size > 0
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in before} == before
+
+
+def test_a_dump_no_longer_asked_for_is_removed_with_its_manifest_entry(project):
+    """Left in place it described an older kernel beside fresh dumps, and clean kept it."""
+    pipe = project / "pipeline.yaml"
+    text = pipe.read_text()
+    pipe.write_text(
+        text.replace(
+            "targets:", "dumps:\n  - kernels: [softmax]\n    kinds: [dfg, summary]\ntargets:"
+        )
+    )
+    run_kiln(project, "compile", check=True)
+    dumps = out(project, "softmax.small") / "dumps"
+    assert (dumps / "dfg.json").is_file()
+    pipe.write_text(
+        text.replace("targets:", "dumps:\n  - kernels: [softmax]\n    kinds: [summary]\ntargets:")
+    )
+    assert ran_tasks(run_kiln(project, "compile", check=True)) == ["compile:softmax.small"]
+    assert sorted(p.name for p in dumps.iterdir()) == ["summary"]
+    manifest = json.loads((out(project, "softmax.small") / ".kiln-manifest.json").read_text())
+    assert not [rel for rel in manifest["files"] if rel.startswith("dumps/dfg")]
+    pipe.write_text(text)  # no dumps at all: the directory goes too
+    run_kiln(project, "compile", check=True)
+    assert not dumps.exists()
+    run_kiln(project, "clean", check=True)
+    assert not (project / "build/kiln/kernel/softmax").exists()
 
 
 def test_status_of_a_damaged_artifact_says_to_rebuild_it_and_builds_nothing(project):
