@@ -259,7 +259,7 @@ def cmd_clean(args) -> int:
             return 2 if rc == 3 else rc  # doit's 3: a name that is not a task
         if instances is not None:
             results = [p for inst in instances for p in kiln_results(inst.out_dir)]
-            for directory in _undeclared_instance_dirs(project, instances):
+            for directory in _undeclared_instance_dirs(project, instances, whole=not filters):
                 _clean_undeclared(project, directory, dry_run=args.dry_run)
                 results += kiln_results(directory)
             if not filters:  # the whole project's: the report and the last test run
@@ -311,9 +311,10 @@ class _CleanLines:
         return getattr(self._stream, name)
 
 
-def _undeclared_instance_dirs(project, instances) -> list[Path]:
+def _undeclared_instance_dirs(project, instances, *, whole: bool) -> list[Path]:
     """The out dirs of instances pipeline.yaml does not declare (``kiln bench --shape``,
-    an app's call at new sizes) of the kernels whose every declared instance is selected.
+    an app's call at new sizes) of the kernels whose every declared instance is selected;
+    ``whole`` (no FILTER), those of kernels it no longer declares too (renamed, removed).
 
     Only a directory holding Kiln's manifest counts: one Kiln built.
     """
@@ -323,13 +324,18 @@ def _undeclared_instance_dirs(project, instances) -> list[Path]:
     declared = {}
     for inst in project.instances:
         declared.setdefault(inst.kernel, set()).add(inst.out_dir)
+    out = Path(project.out_dir)
+    if whole:
+        kernels = sorted(d.name for d in out.glob("*/")) if out.is_dir() else []
+    else:
+        kernels = sorted({inst.kernel for inst in instances})
     found = []
-    for kernel in sorted({inst.kernel for inst in instances}):
-        if not declared[kernel] <= selected:
+    for kernel in kernels:
+        if not declared.get(kernel, set()) <= selected:
             continue
-        base = Path(project.out_dir) / kernel
+        base = out / kernel
         for directory in sorted(base.glob("*/")) if base.is_dir() else ():
-            if directory not in declared[kernel] and (directory / MANIFEST).is_file():
+            if directory not in declared.get(kernel, ()) and (directory / MANIFEST).is_file():
                 found.append(directory)
     return found
 

@@ -73,6 +73,23 @@ def test_clean_removes_what_bench_shape_built_with_its_kernel(project):
     assert sorted(p.name for p in shaped.iterdir()) == ["notes.txt"]  # the user's stays
 
 
+def test_clean_without_a_filter_removes_a_renamed_kernels_build(project):
+    """Its out dir belongs to no declared kernel: a FILTER cannot name it, a whole clean does."""
+    out = project / "build/kiln/kernel"
+    run_kiln(project, "compile", "vector_add", check=True)
+    pipe = project / "pipeline.yaml"
+    pipe.write_text(pipe.read_text().replace("  vector_add:\n", "  vadd:\n", 1))
+    kernels = project / "kernels/elementwise.py"
+    kernels.write_text(kernels.read_text().replace("def vector_add(", "def vadd("))
+    (out / "vector_add/notes.txt").write_text("mine\n")
+    run_kiln(project, "compile", "vadd", check=True)
+    run_kiln(project, "clean", "vadd", check=True)
+    assert (out / "vector_add/small/kernel.edf").is_file()  # not the selected kernel's
+    proc = run_kiln(project, "clean", check=True)
+    assert "kiln: removed build/kiln/kernel/vector_add/small/kernel.edf" in proc.stdout
+    assert sorted(p.name for p in (out / "vector_add").rglob("*")) == ["notes.txt"]
+
+
 def test_clean_filter_cleans_the_selected_instances_and_their_results_only(project):
     out = project / "build/kiln/kernel"
     run_kiln(project, "test", "vector_add", "gemm", check=True)
