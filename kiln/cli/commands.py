@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
@@ -65,6 +66,7 @@ def cmd_compile(args) -> int:
         outputs.append(("--profile", args.profile, False))
     for option, path, directory in outputs:  # before the build: it may take a while
         check_output(option, path, directory=directory)
+        _outside_instance_dirs(project, option, path)
     if dumps:
         from kiln.tasks.model.selection import Selection, first_shape_set
 
@@ -87,6 +89,25 @@ def cmd_compile(args) -> int:
                     write_output(path, lambda p, k=kind: write_dump(project, instances[0], k, p))
             print(f"kiln: wrote {kind} dump of {instances[0].name} to {path}")
     return 0
+
+
+def _outside_instance_dirs(project, option: str, path) -> None:
+    """A dump or profile never lands in an instance's out dir: written over one of Kiln's
+    artifacts (``kernel.edf``), the next command found it damaged and deleted it."""
+    from kiln.errors import printable, relative_path
+
+    target = Path(os.path.abspath(path))
+    for inst in project.instances:
+        home = Path(os.path.abspath(inst.out_dir))
+        if target == home or home in target.parents:
+            raise KilnError(
+                f"{option}: {printable(relative_path(target))} is inside the out dir of "
+                f"{inst.name}, where Kiln keeps its artifacts",
+                expected="a path outside the instances' out dirs",
+                found=printable(str(path)),
+                hint="write it elsewhere, or keep dumps beside the artifacts with "
+                "pipeline.yaml's `dumps:` section",
+            )
 
 
 def cmd_status(args) -> int:

@@ -635,3 +635,20 @@ def test_dump_and_profile_go_through_a_symlink_and_into_a_fifo(project, tmp_path
     assert "wrote visa dump" in proc.stdout
     assert link.is_symlink() and real.read_text().startswith("visa ")
     assert json.loads(got[0])["traceEvents"]
+
+
+def test_a_dump_path_inside_an_instance_out_dir_is_refused_before_building(project):
+    """Written over kernel.edf, the next command took the artifact for damaged and deleted it."""
+    run_kiln(project, "compile", "vector_add", check=True)
+    edf = project / "build/kiln/kernel/vector_add/small/kernel.edf"
+    before = edf.read_bytes()
+    proc = run_kiln(project, "compile", "vector_add", "--dump-visa", str(edf))
+    assert proc.returncode == 2
+    assert (
+        "error: --dump-visa: build/kiln/kernel/vector_add/small/kernel.edf is inside the out "
+        "dir of vector_add.small, where Kiln keeps its artifacts" in proc.stderr
+    )
+    assert edf.read_bytes() == before and "Traceback" not in proc.stderr
+    elsewhere = project / "build/visa.txt"  # in the out dir's parent: fine
+    run_kiln(project, "compile", "vector_add", "--dump-visa", str(elsewhere), check=True)
+    assert elsewhere.stat().st_size > 0
