@@ -46,8 +46,9 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
     for task in tasks:
         if not task.actions:
             continue
+        built = bool(dep.get_values(task.name))  # before get_status, which may forget it
         status = dep.get_status(task, by_name, get_log=True)
-        reasons = _reasons(dep, task, status, str(project.state_dir / "config"))
+        reasons = _reasons(task, status, str(project.state_dir / "config"), built)
         if reasons and task.name in failed_tasks:
             diagnostic = failed_tasks[task.name]
             first = causes.setdefault(cause_key(task.name, diagnostic), task.name)
@@ -59,7 +60,9 @@ def explain(project: Project, instances: list[KernelInstance]) -> list[tuple[str
                 + (" (may stop early)" if len(stages) > 1 else "")
             )
         results.append((task.name, reasons))
-    dep.close()
+    # never dep.close(): it would commit what get_status did to the records (a task whose
+    # cache check method changed is deleted), and status only reads. Unclosed, the
+    # connection goes with ``dep`` and sqlite rolls that back.
     return results
 
 
@@ -81,12 +84,15 @@ def _failed_reason(diagnostic) -> str:
     return f"failed at the last build: {text}"
 
 
-def _reasons(dep: Dependency, task, status, stamp_dir: str) -> list[str]:
+def _reasons(task, status, stamp_dir: str, built: bool) -> list[str]:
     if status.status == "up-to-date":
         return []
-    if not dep.get_values(task.name):  # a compile action always saves values
-        return ["never built"]
     reasons = status.reasons
+    if reasons.get("checker_changed"):
+        old, new = reasons["checker_changed"]
+        return [f"cache check method changed ({_checker_name(old)} -> {_checker_name(new)})"]
+    if not built:  # a compile action always saves values
+        return ["never built"]
     is_stamp = lambda path: path.startswith(stamp_dir)  # noqa: E731
     out: list[str] = []
     for target in reasons.get("missing_target", []):
@@ -104,11 +110,14 @@ def _reasons(dep: Dependency, task, status, stamp_dir: str) -> list[str]:
             out.append(f"file changed: {path}")
     out.extend(f"new dependency: {p}" for p in added if not is_stamp(p))
     out.extend(f"dependency removed: {p}" for p in removed if not is_stamp(p))
-    if reasons.get("checker_changed"):
-        out.append("cache check method changed (timestamp/md5)")
     if not out:
         out.append("out of date")
     return out
+
+
+def _checker_name(cls_name: str) -> str:
+    """pipeline.yaml's name (``cache.check``) of one of doit's checker classes."""
+    return {"MD5Checker": "md5", "TimestampChecker": "timestamp"}.get(cls_name, cls_name)
 
 
 def _config_changes(old_stamps: list[str], new_stamps: list[str]) -> list[str]:

@@ -111,6 +111,20 @@ def test_status_explains_missing_artifacts_and_option_changes(project):
     assert "missing artifact" in status and "kernel.visa" in status
 
 
+def test_status_names_a_changed_cache_check_and_forgets_nothing(project):
+    """It said "never built" for what was just built, and deleted doit's records of it."""
+    run_kiln(project, "compile", "vector_add", check=True)
+    pipe = project / "pipeline.yaml"
+    text = pipe.read_text()
+    pipe.write_text(text.replace("project: e2e\n", "project: e2e\ncache: {check: md5}\n"))
+    for _ in range(2):  # and again: the first status changed nothing
+        status = run_kiln(project, "status", "vector_add", check=True).stdout
+        assert "cache check method changed (timestamp -> md5)" in status
+        assert "never built" not in status
+    pipe.write_text(text)  # back before any build: still built
+    assert "0 of 1 tasks would run" in run_kiln(project, "status", "vector_add").stdout
+
+
 def test_dump_dfg_for_one_kernel(project):
     target = project / "s.json"
     proc = run_kiln(project, "compile", "softmax", "--dump-dfg", str(target), check=True)
