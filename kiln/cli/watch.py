@@ -89,9 +89,16 @@ class Watcher:
             rc = build.wait()
         except KeyboardInterrupt:
             # Ctrl-C reached the build too (the terminal's whole group); a SIGTERM came
-            # to this process alone: pass it on, so the build stops as it would itself
+            # to this process alone: pass it on, so the build stops as it would itself.
+            # A SIGINT sent to this process alone (kill -INT, an IDE's stop) did not
+            # reach the build: one still running a moment later gets it passed on
             if _terminated.is_set():
                 build.terminate()
+            else:
+                try:
+                    build.wait(timeout=INTERRUPT_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    build.send_signal(signal.SIGINT)
             build.wait()
             raise
         result = Round(
@@ -210,6 +217,7 @@ class Watcher:
 
 
 _terminated = threading.Event()  # the watch was stopped by SIGTERM, not Ctrl-C
+INTERRUPT_GRACE_S = 1.0  # how long a build that had its own Ctrl-C takes to stop, at most
 
 
 def _stop_on_sigterm(signum, frame) -> None:

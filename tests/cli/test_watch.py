@@ -173,3 +173,20 @@ def test_a_filter_that_matches_nothing_is_exit_2_before_any_round(project):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no kernel matches 'nosuch'" in proc.stderr and "round" not in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+class _SlowRound(Watcher):
+    """A round whose build takes a minute unless it is interrupted."""
+
+    def command(self):
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_sigint_to_the_watch_alone_stops_the_round_under_way(project):
+    """kill -INT of the watch's pid (an IDE's stop): the build never got that Ctrl-C itself."""
+    watcher = _SlowRound(project / "pipeline.yaml", out=io.StringIO())
+    threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        watcher.run_round()
+    assert time.monotonic() - started < 15  # not the minute the build would take
