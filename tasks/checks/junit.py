@@ -49,8 +49,14 @@ def write_junit(path: Path, reports: list[dict]) -> None:
             ET.SubElement(case, "failure", message=message).text = "\n".join(warnings)
         elif status == "fail":
             counts["fail"] += 1
-            text = "\n".join(c.get("text", "") for c in r["outputs"] if not c["ok"])
-            ET.SubElement(case, "failure", message="output differs from the cpu oracle").text = text
+            wrong = [c for c in r["outputs"] if not c["ok"]]
+            text = "\n".join(c.get("text") or c.get("problem") or "" for c in wrong)
+            # a wrong number of outputs is what failed, whatever the outputs there hold
+            count = [c["problem"] for c in wrong if c.get("output") == -1 and c.get("problem")]
+            message = (
+                f"the target returned {count[0]}" if count else "output differs from the cpu oracle"
+            )
+            ET.SubElement(case, "failure", message=message).text = text
         elif status == "error":
             counts["error"] += 1
             message = (

@@ -6,9 +6,10 @@ Shared by `kiln run`, `kiln test`, `kiln bench`, apps and the doit test tasks.
 from __future__ import annotations
 
 import importlib
+from contextlib import contextmanager
 from pathlib import Path
 
-from kiln.errors import TargetError
+from kiln.errors import KilnError, TargetError
 from kiln.tasks.model.artifacts import stage_artifact
 from kiln.tasks.model.importpath import add_project_root
 from kiln.tasks.model.project import KernelInstance, Project
@@ -40,7 +41,6 @@ def instance_inputs(project: Project, inst: KernelInstance, graph, seed: int = 0
     The one way `kiln test`, `kiln run` and `kiln bench` make a kernel's
     inputs (kiln.inputs); a spec that cannot be used is an error at its line.
     """
-    from kiln.errors import KilnError
     from kiln.inputs import random_inputs
 
     specs = instance_input_specs(project, inst)
@@ -114,3 +114,30 @@ def make_runner(project: Project, target: str):
         raise
     runner.artifact_cache = resolve_cache_config(project.pipeline.cache_settings)
     return runner
+
+
+@contextmanager
+def runner_errors(target: str, runner):
+    """A runner's own exception (a plugin's bug, a device fault) as a TargetError naming it.
+
+    A KilnError is a message already, and KeyboardInterrupt is no Exception: both go on.
+    KILN_DEBUG=1 adds the traceback as a note, as for a stage's crash.
+    """
+    try:
+        yield
+    except KilnError:
+        raise
+    except Exception as exc:
+        import os
+        import traceback
+
+        cls = type(runner)
+        text = f": {exc}" if str(exc) else ""
+        detail = traceback.format_exc() if os.environ.get("KILN_DEBUG") else None
+        raise TargetError(
+            f"target {target!r} raised {type(exc).__name__}{text}",
+            hint=f"its runner ({cls.__module__}.{cls.__qualname__}) failed while preparing or "
+            "running the kernel, which says nothing of the kernel's result"
+            + ("; set KILN_DEBUG=1 for the full traceback" if detail is None else ""),
+            notes=[detail] if detail else [],
+        ) from exc

@@ -18,6 +18,11 @@ ORACLE = "cpu"
 # What a project that declares no target of its own is tested on: the built-in
 # targets that need no extra and no device (the others run with --target).
 BUILTIN_TEST_TARGETS = ("sim",)
+# why a check of a cpu target is skipped, even when --target asks for it
+ORACLE_ITSELF = (
+    "cpu is the oracle the other targets are checked against: compared with itself it proves "
+    "nothing"
+)
 
 
 def default_targets(project: Project) -> list[str]:
@@ -41,6 +46,23 @@ def merged_tolerance(project: Project, target: str, kernel_tolerance: dict | Non
     return merged or None
 
 
+def output_tolerance(dtype: str, tolerance: dict | None) -> dict | None:
+    """The override an output of ``dtype`` is compared under: a float's only.
+
+    i32 and bool outputs (indices, counts, masks) always match exactly: a
+    tolerance that gives half floats room must not let an index be off by one.
+    """
+    from kiln.ir.ops import FLOAT_DTYPES
+
+    return tolerance if dtype in FLOAT_DTYPES else None
+
+
+def is_oracle(project: Project, target: str) -> bool:
+    """Whether ``target`` runs the cpu oracle: checking it compares the oracle with itself."""
+    spec = next((t for t in project.pipeline.targets if t.name == target), None)
+    return (spec.runner if spec is not None else target) == ORACLE
+
+
 def check_instance(
     project: Project, inst: KernelInstance, targets: list[str], seed: int = 0
 ) -> list[dict]:
@@ -53,7 +75,12 @@ def check_instance(
     from kiln.compare import compare
     from kiln.runners.cpu import CpuRunner
     from kiln.tasks.checks.report_cache import report_cache
-    from kiln.tasks.checks.targets import instance_inputs, kernel_artifacts, make_runner
+    from kiln.tasks.checks.targets import (
+        instance_inputs,
+        kernel_artifacts,
+        make_runner,
+        runner_errors,
+    )
 
     artifacts = kernel_artifacts(project, inst)
     graph = artifacts.graph
@@ -65,7 +92,7 @@ def check_instance(
         runner = make_runner(project, target)
         tolerance = merged_tolerance(project, target, kernel_tolerance)
         report = {"kernel": inst.name, "path": inst.source.path, "target": target, "seed": seed}
-        reason = runner.unavailable()
+        reason = ORACLE_ITSELF if is_oracle(project, target) else runner.unavailable()
         if reason:
             reports.append({**report, "status": "skipped", "reason": reason})
             continue
@@ -93,7 +120,8 @@ def check_instance(
             continue
         start = time.perf_counter()
         try:
-            result = runner.run(runner.prepare(artifacts), inputs)
+            with runner_errors(target, runner):  # a plugin's crash is this check's error
+                result = runner.run(runner.prepare(artifacts), inputs)
         except KilnError as err:
             reports.append(
                 {
@@ -106,17 +134,12 @@ def check_instance(
             continue
         comparisons = []
         if len(result.outputs) != len(expected):
-            comparisons.append(
-                {
-                    "ok": False,
-                    "output": -1,
-                    "problem": f"{len(result.outputs)} outputs, expected {len(expected)}",
-                }
-            )
+            problem = f"{len(result.outputs)} outputs, expected {len(expected)}"
+            comparisons.append({"ok": False, "output": -1, "problem": problem, "text": problem})
         for i, (e, a, node) in enumerate(
             zip(expected, result.outputs, graph.output_nodes, strict=False)
         ):
-            c = compare(i, e, a, node.dtype, tolerance)
+            c = compare(i, e, a, node.dtype, output_tolerance(node.dtype, tolerance))
             comparisons.append({**c.to_dict(), "text": c.describe()})
         ok = all(c["ok"] for c in comparisons)
         report = {

@@ -134,24 +134,25 @@ def ready_runner(project, target: str, device: int):
 
 def bench_rows(project, instances, target: str, runner, iters: int, warmup: int):
     from kiln.ir.cost import flops, io_bytes
-    from kiln.tasks.checks.targets import instance_inputs, kernel_artifacts
+    from kiln.tasks.checks.targets import instance_inputs, kernel_artifacts, runner_errors
 
     rows = []
     for inst in instances:
         artifacts = kernel_artifacts(project, inst)
         graph = artifacts.graph
         inputs = instance_inputs(project, inst, graph)
-        prepared = runner.prepare(artifacts)
         row = {"kernel": inst.name, "target": target}
         if runner.kind == "sim":
-            metrics = runner.run(prepared, inputs).metrics
+            with runner_errors(target, runner):  # a plugin's crash: one message, no traceback
+                metrics = runner.run(runner.prepare(artifacts), inputs).metrics
             row.update(
                 cycles=metrics.get("cycles"),
                 sim_us=metrics.get("microseconds"),
                 instructions=metrics.get("instructions"),
             )
         else:
-            samples = time_runner(runner, prepared, inputs, iters, warmup)
+            with runner_errors(target, runner):
+                samples = time_runner(runner, runner.prepare(artifacts), inputs, iters, warmup)
             median, best = statistics.median(samples), min(samples)
             row.update(
                 median_ms=median * 1e3,

@@ -310,6 +310,7 @@ def time_problem(name: str, problem: Problem, args: argparse.Namespace) -> dict:
     from kiln.ir.cost import io_bytes
     from kiln.lang import trace
     from kiln.runners.base import KernelArtifacts
+    from kiln.tasks.checks.targets import runner_errors
     from kiln.tasks.commands.benching import time_runner
 
     kernel = make_kernel(name, problem.body, problem.shapes)
@@ -332,7 +333,8 @@ def time_problem(name: str, problem: Problem, args: argparse.Namespace) -> dict:
         row.update(cycles=metrics.get("cycles"), sim_us=metrics.get("microseconds"))
         return row
     artifacts = KernelArtifacts(graph.name, graph, None, None, kernel)
-    samples = time_runner(runner, runner.prepare(artifacts), inputs, args.iter, args.warmup)
+    with runner_errors(args.target, runner):  # a plugin's crash: one message, no traceback
+        samples = time_runner(runner, runner.prepare(artifacts), inputs, args.iter, args.warmup)
     median = statistics.median(samples)
     row.update(
         median_ms=median * 1e3,

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from kiln.errors import BuildFailed
-from kiln.tasks.checks.targets import instance_inputs, kernel_artifacts, make_runner
+from kiln.tasks.checks.targets import (
+    instance_inputs,
+    kernel_artifacts,
+    make_runner,
+    runner_errors,
+)
 from kiln.tasks.model.project import KernelInstance, Project
 
 
@@ -61,7 +66,8 @@ def run_kernel(project: Project, instances: list[KernelInstance], args) -> int:
     runner = make_runner(project, args.target)
     artifacts = kernel_artifacts(project, inst)
     inputs = instance_inputs(project, inst, artifacts.graph, args.seed)
-    result = runner.run(runner.prepare(artifacts), inputs)
+    with runner_errors(args.target, runner):  # a plugin's crash: one message, no traceback
+        result = runner.run(runner.prepare(artifacts), inputs)
     print(f"{inst.name} on {args.target} ({inst.source.path}, seed {args.seed})")
     for arg, array in zip(artifacts.graph.args, inputs, strict=True):
         d = describe(array)

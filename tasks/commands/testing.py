@@ -13,6 +13,7 @@ from kiln.tasks.checks.verdicts import (
     check_instance,
     default_targets,
     format_report,
+    is_oracle,
     skipped_report,
     strict_verdict,
 )
@@ -23,8 +24,9 @@ def run_tests(project: Project, instances: list, args) -> int:
     from kiln.fsutil import write_bytes_atomic
     from kiln.tasks.checks.results import save_test_report
     from kiln.tasks.commands.running import build_each
+    from kiln.tasks.dag.loader import fail_fast_requested
 
-    targets = args.target or default_targets(project)
+    targets = list(dict.fromkeys(args.target or default_targets(project)))  # each once, in order
     # the targets that cannot run here, found before the build (kiln/cli/target_check.py)
     # and said once there: each of their checks is a skip, recorded but not printed
     unavailable = getattr(args, "unavailable", None) or {}
@@ -35,13 +37,15 @@ def run_tests(project: Project, instances: list, args) -> int:
             make_runner(project, t)  # unknown target: error before building anything
     runnable = [t for t in targets if t not in unavailable]
     # every instance that builds is tested; one that does not is an error of each target
-    unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
+    fail_fast = getattr(args, "fail_fast", False) or fail_fast_requested()
+    unbuilt = build_each(project, instances, fail_fast=fail_fast)
     from kiln.logconfig import verbosity
 
     quiet = verbosity() == 0  # -q: only failures (fail, error) and the summary
     causes = build_error_groups(unbuilt)  # one build error, printed once with what it hit
     errors = ErrorsOnce()  # so is one error of many checks
     reports = []
+    stopped = False  # -x: at the first check that failed or erred
     for inst in instances:
         if inst.name in unbuilt:
             found = [build_error_report(inst, t, args.seed, unbuilt[inst.name]) for t in runnable]
@@ -57,9 +61,7 @@ def run_tests(project: Project, instances: list, args) -> int:
                 save_test_report(inst.out_dir, report)
             found = []
         else:
-            found = check_instance(project, inst, runnable, args.seed)
-            if getattr(args, "strict", False):
-                found = [strict_verdict(r) for r in found]
+            found, stopped = check_targets(project, inst, runnable, args, fail_fast)
         found += [skipped_report(inst, t, args.seed, why) for t, why in unavailable.items()]
         for report in found:
             said = report["status"] == "skipped" and report["target"] in unavailable
@@ -68,12 +70,16 @@ def run_tests(project: Project, instances: list, args) -> int:
                 print(format_report(report), flush=True)
             reports.append(report)
             save_test_report(inst.out_dir, report)  # the last result, for `kiln view`
+        if stopped:
+            break
     counts = {
         s: sum(r["status"] == s for r in reports) for s in ("pass", "fail", "error", "skipped")
     }
     for line in errors.summary(verbosity() >= 2):
         print(line)
     print("kiln test: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    if stopped:
+        print("kiln test: stopped at the first failure (--fail-fast); the other checks did not run")
     print_notes(reports, strict=getattr(args, "strict", False))
     report_file = project.out_dir / "test-report.json"
     report_file.parent.mkdir(parents=True, exist_ok=True)
@@ -89,12 +95,29 @@ def run_tests(project: Project, instances: list, args) -> int:
     by_target: dict[str, list[dict]] = {}
     for r in reports:
         by_target.setdefault(r["target"], []).append(r)
-    skipped = {
+    skipped = {  # the oracle's skip is no target missing here: it says why, and ran nothing
         t: mine[0]["reason"]
         for t, mine in by_target.items()
-        if all(r["status"] == "skipped" for r in mine)
+        if all(r["status"] == "skipped" for r in mine) and not is_oracle(project, t)
     }
     return asked_for_and_unavailable(args.target or [], skipped)
+
+
+def check_targets(project: Project, inst, targets: list[str], args, fail_fast: bool):
+    """The reports of ``inst`` on ``targets``, and whether -x stops the run here.
+
+    With ``fail_fast`` each target is checked alone, so that none runs after the
+    first check that fails or errs (the oracle runs again for each).
+    """
+    strict = getattr(args, "strict", False)
+    groups = [[t] for t in targets] if fail_fast else [targets]
+    found: list[dict] = []
+    for group in groups:
+        reports = check_instance(project, inst, group, args.seed)
+        found += [strict_verdict(r) for r in reports] if strict else reports
+        if fail_fast and any(r["status"] in ("fail", "error") for r in found):
+            return found, True
+    return found, False
 
 
 class ErrorsOnce:

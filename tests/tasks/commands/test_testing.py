@@ -21,6 +21,7 @@ from kiln.compare import compare
 from kiln.inputs import random_inputs
 from kiln.ir.edf import EdfFile, decode, encode
 from kiln.ir.lir import Slot
+from kiln.tasks.checks.verdicts import ORACLE_ITSELF
 from tests.conftest import ran_tasks, run_kiln
 
 OUT = Path("build/kiln/kernel")
@@ -69,23 +70,29 @@ def test_all_pass_writes_junit_and_the_json_report(project):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for inst in INSTANCES:
         assert f"PASS    {inst} @ sim  (max abs err" in proc.stdout
-    assert "kiln test: 8 pass, 0 fail, 0 error, 0 skipped" in proc.stdout
+        # the oracle is not compared with itself, even when asked for
+        assert f"SKIPPED {inst} @ cpu: {ORACLE_ITSELF}\n" in proc.stdout
+    assert "kiln test: 4 pass, 0 fail, 0 error, 4 skipped" in proc.stdout
 
     suite = junit(project / "ci" / "j.xml")
     assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
         "tests": "8",
         "failures": "0",
         "errors": "0",
-        "skipped": "0",
+        "skipped": "4",
     }
     cases = suite.findall("testcase")
     assert sorted((c.get("classname"), c.get("name")) for c in cases) == sorted(
         (f"kiln.{t}", i) for t in ("sim", "cpu") for i in INSTANCES
     )
-    assert all(float(c.get("time")) >= 0 and len(c) == 0 for c in cases)
+    assert all(float(c.get("time")) >= 0 for c in cases)
+    assert all(len(c) == 0 for c in cases if c.get("classname") == "kiln.sim")
+    oracle = [c.find("skipped") for c in cases if c.get("classname") == "kiln.cpu"]
+    assert [s.get("message") for s in oracle] == [ORACLE_ITSELF] * 4
 
     reports = report(project)
-    assert len(reports) == 8 and {r["status"] for r in reports} == {"pass"}
+    assert len(reports) == 8
+    assert {r["target"]: r["status"] for r in reports} == {"sim": "pass", "cpu": "skipped"}
     sim = next(r for r in reports if r["target"] == "sim" and r["kernel"] == "gemm.small")
     assert sim["path"] == "kernels.linalg.gemm" and sim["seed"] == 0
     assert sim["metrics"]["cycles"] > 0 and "utilization.tensor0" in sim["metrics"]
@@ -334,3 +341,45 @@ def test_a_doit_test_task_runs_again_when_its_inputs_change(project):
     assert task in ran_tasks(run_kiln(project, task, check=True))
     np.save(project / "data" / "b.npy", np.full(256, 2.0, np.float32))  # the file is a dep
     assert ran_tasks(run_kiln(project, task, check=True)) == [task]
+
+
+def test_fail_fast_stops_the_checks_at_the_first_failure(project, tmp_path):
+    """-x: vector_add.small fails on sim (the add-to-sub lowering); nothing runs after it."""
+    from tests.tasks.checks.board_plugin import install_board
+
+    env = install_board(project, tmp_path / "site")  # `board` is right
+    use_bad_visa(project)
+    first = ("vector_add", "gemm", "--junit", "j.xml")
+    proc = run_kiln(project, "test", *first, "-x", "--target", "board", "--target", "sim", env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "PASS    vector_add.small @ board" in proc.stdout
+    assert "FAIL    vector_add.small @ sim" in proc.stdout
+    assert "gemm" not in proc.stdout.split("FAIL    vector_add.small @ sim")[1]
+    assert "kiln test: 1 pass, 1 fail, 0 error, 0 skipped\n" in proc.stdout
+    assert "kiln test: stopped at the first failure (--fail-fast)" in proc.stdout
+    assert junit(project / "j.xml").get("tests") == "2"
+    assert [(r["kernel"], r["target"]) for r in report(project)] == [
+        ("vector_add.small", "board"),
+        ("vector_add.small", "sim"),
+    ]
+    # the failing target first: the next target of the same instance does not run either
+    env["KILN_FAIL_FAST"] = "1"
+    proc = run_kiln(project, "test", "vector_add", "--target", "sim", "--target", "board", env=env)
+    assert proc.returncode == 1 and "@ board" not in proc.stdout, proc.stdout
+    assert "kiln test: 0 pass, 1 fail, 0 error, 0 skipped\n" in proc.stdout
+    # without -x every check runs
+    env.pop("KILN_FAIL_FAST")
+    proc = run_kiln(project, "test", *first, "--target", "board", "--target", "sim", env=env)
+    assert "kiln test: 5 pass, 1 fail, 0 error, 0 skipped\n" in proc.stdout
+    assert "stopped" not in proc.stdout
+    assert "stop at the first failure" in run_kiln(project, "help", "test").stdout
+
+
+def test_a_target_named_twice_is_checked_once(project):
+    proc = run_kiln(
+        project, "test", "vector_add", "--target", "sim", "--target", "sim", "--junit", "j.xml"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("PASS    vector_add.small @ sim") == 1
+    assert "kiln test: 1 pass, 0 fail, 0 error, 0 skipped" in proc.stdout
+    assert junit(project / "j.xml").get("tests") == "1" and len(report(project)) == 1
