@@ -101,6 +101,9 @@ def check_instance(
         )
         found = cache.fetch() if cache is not None else None
         if found is not None:
+            found["warnings"] = _placed(found.get("warnings", []), project, inst)
+            if not found["warnings"]:
+                del found["warnings"]
             reports.append({**found, **report})
             continue
         if expected is None and oracle_error is None:
@@ -153,28 +156,44 @@ def check_instance(
         }
         if warnings:
             report["warnings"] = list(warnings)
-        if cache is not None:
-            cache.store(report)
+        if cache is not None:  # its warnings name no pipeline file: another may fetch it
+            where = _inputs_place(project, inst)
+            cache.store({**report, "warnings": [w.replace(where, PLACE) for w in warnings]})
         reports.append(report)
     return reports
+
+
+PLACE = "{inputs}"  # a cached warning's stand-in for where the reader sets the inputs
+
+
+def _placed(warnings: list[str], project: Project, inst: KernelInstance) -> list[str]:
+    """A cached report's warnings, naming this run's pipeline file and key."""
+    where = _inputs_place(project, inst)
+    return [w.replace(PLACE, where) for w in warnings]
+
+
+def _inputs_place(project: Project, inst: KernelInstance) -> str:
+    """Where a vacuous check's warning tells the user to choose the inputs."""
+    try:
+        key = project.pipeline.kernel(inst.kernel).key_path + ".inputs"
+    except KeyError:  # an instance pipeline.yaml does not declare
+        key = f"kernels.{inst.kernel}.inputs"
+    return f"`{key}` in {project.pipeline_path.name}"
 
 
 def vacuous_check_warnings(project: Project, inst: KernelInstance, expected: list) -> list[str]:
     """One warning per oracle output that checks little for these inputs, naming it."""
     from kiln.compare import vacuity
 
-    try:
-        where = project.pipeline.kernel(inst.kernel).key_path + ".inputs"
-    except KeyError:  # an instance pipeline.yaml does not declare
-        where = f"kernels.{inst.kernel}.inputs"
+    where = _inputs_place(project, inst)
     found = []
     for index, array in enumerate(expected):
         why = vacuity(array)
         if why is not None:
             found.append(
                 f"vacuous check: the oracle's output {index} {why} for these inputs, so "
-                f"matching it proves little; choose the arguments' values under `{where}` "
-                f"in {project.pipeline_path.name} (docs/pipeline.md#inputs)"
+                f"matching it proves little; choose the arguments' values under {where} "
+                "(docs/pipeline.md#inputs)"
             )
     return found
 

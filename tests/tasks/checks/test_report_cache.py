@@ -142,3 +142,17 @@ def test_a_report_filed_under_another_checks_key_is_not_used(project):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checked = [line for line in proc.stdout.splitlines() if line.startswith("PASS")]
     assert sum("cached)" not in line for line in checked) == 2, proc.stdout
+
+
+def test_a_cached_vacuous_warning_names_the_pipeline_file_of_the_run_reading_it(project):
+    source = project / "kernels" / "elementwise.py"
+    body = "    return a + b\n"
+    assert body in source.read_text()
+    source.write_text(source.read_text().replace(body, "    return 0.0 * a + 1.0 + 0.0 * b\n"))
+    (project / "ci.yaml").write_text((project / "pipeline.yaml").read_text())
+    first = sim_test(project)
+    assert CHECKED in first and "under `kernels.vector_add.inputs` in pipeline.yaml" in first
+    again = run_kiln(project, "-f", "ci.yaml", "test", "vector_add", "--target", "sim")
+    assert CACHED in again.stdout, again.stdout + again.stderr
+    assert "under `kernels.vector_add.inputs` in ci.yaml (docs/pipeline.md#inputs)" in again.stdout
+    assert "pipeline.yaml" not in again.stdout
