@@ -284,6 +284,7 @@ def _simulate(project, inst, graph, edf_path: Path, out_dir: Path) -> str | None
     from kiln.runners.cpu import CpuRunner
     from kiln.runners.sim import SimRunner
     from kiln.tasks.checks.targets import instance_inputs, load_function
+    from kiln.tasks.checks.verdicts import output_tolerance
 
     artifacts = KernelArtifacts(inst.name, graph, out_dir, edf_path, load_function(project, inst))
     inputs = instance_inputs(project, inst, graph)  # pipeline.yaml's inputs:, as kiln test draws
@@ -293,7 +294,7 @@ def _simulate(project, inst, graph, edf_path: Path, out_dir: Path) -> str | None
     actual = sim.run(sim.prepare(artifacts), inputs).outputs
     tolerance = project.pipeline.kernel(inst.kernel).tolerance
     for i, (e, a, node) in enumerate(zip(expected, actual, graph.output_nodes, strict=True)):
-        c = compare(i, e, a, node.dtype, tolerance)
+        c = compare(i, e, a, node.dtype, output_tolerance(node.dtype, tolerance))
         if not c.ok:
             return "sim disagrees with the oracle: " + c.describe()
     return None
