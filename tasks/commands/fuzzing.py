@@ -171,12 +171,23 @@ def _check_all(project, first, bindings, targets, args, scratch, quiet) -> list[
         )
         for b in bindings
     ]
+    from kiln.tasks.dag.loader import fail_fast_requested
+
     specs = instance_specs(sandbox, made)
+    fail_fast = getattr(args, "fail_fast", False) or fail_fast_requested()
     outcomes = []
     for binding, inst, spec in zip(bindings, made, specs, strict=True):
         outcome = check_binding(project, inst, spec, binding, targets, args)
         outcomes.append(outcome)
         _print_outcome(project, outcome, quiet)
+        if fail_fast and outcome["status"] == "fail" and len(outcomes) < len(bindings):
+            left = len(bindings) - len(outcomes)
+            print(
+                f"kiln test: stopped at the first failing binding (--fail-fast); "
+                f"{left} binding(s) not checked",
+                flush=True,
+            )
+            break
     return outcomes
 
 

@@ -266,3 +266,13 @@ def test_a_dim_read_from_an_npy_input_is_fixed_at_the_files_size(project):
     drawn = json.loads((project / "build/kiln/kernel/test-report.json").read_text())["fuzz"]
     assert {b["binding"]["N"] for b in drawn["bindings"]} == {5}
     assert len({b["binding"]["M"] for b in drawn["bindings"]}) == 6
+
+
+def test_fail_fast_stops_fuzzing_at_the_first_failing_binding(project):
+    proc = run_kiln(project, "test", "odd_bug", "--fuzz", "8", "-x")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads((project / "build/kiln/kernel/test-report.json").read_text())
+    statuses = [b["status"] for b in report["fuzz"]["bindings"]]
+    assert statuses[-1] == "fail" and "fail" not in statuses[:-1] and len(statuses) < 8
+    left = 8 - len(statuses)
+    assert f"stopped at the first failing binding (--fail-fast); {left} binding(s)" in proc.stdout
