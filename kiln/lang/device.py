@@ -33,6 +33,7 @@ from kiln.lang.tensor import Tensor, TensorSpec, tensor_spec, tracing
 
 Handler = Callable[["DeviceFunction", tuple, dict], Any]
 _HANDLER: ContextVar[Handler | None] = ContextVar("kiln_dispatch", default=None)
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 
 
 @contextmanager
@@ -84,16 +85,21 @@ class DeviceFunction:
                     found=f"def {self.__name__}(..., *, {p.name}: ...)",
                     hint="remove the `*` (or `*args`) before it in the signature",
                 )
-            spec = _annotation_spec(self.fn, raw.get(p.name))
-            variadic = p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-            if variadic or not isinstance(spec, TensorSpec):
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                star = "*" if p.kind is p.VAR_POSITIONAL else "**"
                 raise TraceError(
-                    f"argument {p.name!r} of kernel {self.__name__!r} "
-                    + (
-                        "is *args/**kwargs: kernels take named tensors"
-                        if variadic
-                        else "needs dims"
-                    ),
+                    f"argument {p.name!r} of kernel {self.__name__!r} is *args/**kwargs: "
+                    "kernels take named tensors",
+                    location=param_location(self.fn, p.name),
+                    expected=f"one named argument per tensor: "
+                    f"def {self.__name__}(x: Tensor[...], y: Tensor[...])",
+                    found=f"{star}{p.name}",
+                    hint="targets pass a kernel's inputs by position, one per named argument",
+                )
+            spec = _annotation_spec(self.fn, raw.get(p.name))
+            if not isinstance(spec, TensorSpec):
+                raise TraceError(
+                    f"argument {p.name!r} of kernel {self.__name__!r} needs dims",
                     location=param_location(self.fn, p.name),
                     expected='an annotation like Tensor["M", "K"] (Tensor[()] for a scalar)',
                     found="no annotation" if spec is None else repr(spec),
@@ -130,10 +136,13 @@ class DeviceFunction:
     def _inline(self, args: tuple, kwargs: dict) -> Any:
         """One kernel calling another with tensors: run the body in place."""
         bound = self._bind(args, kwargs)
+        shapes = {  # a Python number is a scalar: fine for Tensor[()], a rank error otherwise
+            n: v.shape if isinstance(v, Tensor) else ()
+            for n, v in bound.arguments.items()
+            if isinstance(v, Tensor) or dtypes.scalar_kind(v) is not None
+        }
         try:
-            check_dims(
-                self, {n: v.shape for n, v in bound.arguments.items() if isinstance(v, Tensor)}
-            )
+            check_dims(self, shapes)
         except TraceError as exc:  # the call passed the wrong shapes: point at the call
             where = exc.location
             exc.location = None  # filled in from the traceback: the caller's line
@@ -201,6 +210,8 @@ def _eager_tensor(kernel: DeviceFunction, name: str, value: Any) -> Tensor:
     if isinstance(value, np.generic):
         value = np.asarray(value)
     elif kind is not None:  # a Python number: f32, i32 or bool, like a weak scalar alone
+        if kind == "int" and not I32_MIN <= value <= I32_MAX:
+            raise _not_i32(kernel, name, value)
         value = np.asarray(value, dtype=NUMPY_DTYPES[dtypes.SCALAR_DEFAULT[kind]])
     if not isinstance(value, np.ndarray):
         raise TraceError(
@@ -214,8 +225,30 @@ def _eager_tensor(kernel: DeviceFunction, name: str, value: Any) -> Tensor:
             expected="float32, float16, bfloat16, int32 (or float64/int64, converted)",
             found=str(value.dtype),
         )
+    if value.size == 0:
+        raise TraceError(
+            f"argument {name!r} of kernel {kernel.__name__!r} is empty (shape {value.shape}): "
+            "a kernel's tensors are never empty",
+            expected="at least one element (every dim >= 1)",
+            found=f"shape {value.shape}",
+        )
+    if dtype == "i32" and value.dtype != np.int32:  # int64: never wrapped modulo 2**32
+        outside = (value < I32_MIN) | (value > I32_MAX)
+        if outside.any():
+            index = tuple(int(i) for i in np.argwhere(outside)[0])
+            raise _not_i32(kernel, name, int(value[index]), index)
     array = np.asarray(value, dtype=NUMPY_DTYPES[dtype], order="C")  # keeps 0-d arrays 0-d
     return Tensor._eager(array, TensorType(tuple(int(d) for d in array.shape), dtype))
+
+
+def _not_i32(kernel: DeviceFunction, name: str, bad: int, index: tuple = ()) -> TraceError:
+    """The error for an int argument outside i32, as for a constant (``constant 2**40 ...``)."""
+    at = f" at index {index}" if index else ""
+    return TraceError(
+        f"argument {name!r} of kernel {kernel.__name__!r}: {bad}{at} does not fit in i32",
+        expected=f"ints from {I32_MIN} to {I32_MAX} (int64 arrays become i32)",
+        found=str(bad),
+    )
 
 
 def check_dims(kernel: DeviceFunction, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -294,14 +327,20 @@ def outputs(kernel: DeviceFunction, result: Any) -> list[Tensor]:
             location=return_location(kernel.fn),
             hint="return the result tensor (or a tuple of tensors)",
         )
-    items = list(result) if isinstance(result, (tuple, list)) else [result]
-    for item in items:
+    several = isinstance(result, (tuple, list))
+    items = list(result) if several else [result]
+    for index, item in enumerate(items):
         if not isinstance(item, Tensor):
+            what = _a(type(item).__name__)
+            nested = several and isinstance(item, (tuple, list))
             raise TraceError(
-                f"kernel {kernel.__name__!r} returned {_a(type(item).__name__)}, not a Tensor",
+                f"output {index} of kernel {kernel.__name__!r} is {what}, not a Tensor"
+                if several
+                else f"kernel {kernel.__name__!r} returned {what}, not a Tensor",
                 location=return_location(kernel.fn),
-                expected="a Tensor or a tuple of Tensors",
-                found=_described(item),
+                expected="a Tensor or a flat tuple of Tensors",
+                found=f"output {index}: {_described(item)}" if several else _described(item),
+                hint="return a flat tuple of Tensors: return a, b, c" if nested else None,
             )
     if not items:
         raise TraceError(

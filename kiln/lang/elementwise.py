@@ -53,8 +53,17 @@ def ceil(x: Any) -> Tensor:
     return _rounding("ceil", x)
 
 
-def round(x: Any) -> Tensor:  # noqa: A001  (NumPy's name)
-    """Round to the nearest whole number, halves to even (``np.round``)."""
+def round(x: Any, decimals: int = 0) -> Tensor:  # noqa: A001  (NumPy's name)
+    """Round to the nearest whole number, halves to even (``np.round``; ``decimals=0`` only)."""
+    if decimals is not None and decimals != 0:
+        raise TraceError(
+            f"round: only rounding to whole numbers is a kiln op, got decimals={decimals!r}",
+            expected="round(x) or kiln.round(x)",
+            found=f"decimals={decimals!r}",
+            hint=f"scale first: kiln.round(x * {10**decimals}) / {10**decimals}"
+            if isinstance(decimals, int) and decimals > 0
+            else None,
+        )
     return _rounding("round", x)
 
 
@@ -67,10 +76,25 @@ def reciprocal(x: Any) -> Tensor:
     return F.divide(1.0, x)
 
 
-def clip(x: Any, a_min: Any = None, a_max: Any = None) -> Tensor:
-    """``minimum(maximum(x, a_min), a_max)``; either bound may be None."""
+def clip(
+    x: Any,
+    a_min: Any = None,
+    a_max: Any = None,
+    *,
+    min: Any = None,  # noqa: A002  (NumPy 2's keyword)
+    max: Any = None,  # noqa: A002
+) -> Tensor:
+    """``minimum(maximum(x, a_min), a_max)``; either bound may be None.
+
+    ``min=``/``max=`` are NumPy 2's keywords for the same bounds (``x.clip(max=1.0)``).
+    """
+    for name, old, new in (("min", a_min, min), ("max", a_max, max)):
+        if old is not None and new is not None:
+            raise TraceError(f"clip: give a_{name} or {name}, not both")
+    a_min = a_min if min is None else min
+    a_max = a_max if max is None else max
     if a_min is None and a_max is None:
-        raise TraceError("clip: give a_min, a_max or both")
+        raise TraceError("clip: give a_min, a_max or both (or min=, max=)")
     x = F.as_tensor(x, "clip")
     if a_min is not None:
         x = F.maximum(x, a_min)
@@ -141,9 +165,20 @@ def logical_xor(a: Any, b: Any) -> Tensor:
     return F.not_equal(*_bools("^", a, b))
 
 
-def full(shape: Any, fill_value: bool | float, dtype: Any = "f32") -> Tensor:
-    """A tensor of ``shape`` holding ``fill_value`` (±inf allowed for float dtypes)."""
+def full(shape: Any, fill_value: bool | float, dtype: Any = None) -> Tensor:
+    """A tensor of ``shape`` holding ``fill_value`` (±inf allowed for float dtypes).
+
+    Without ``dtype``, NumPy's rule in kiln's dtypes: a float fills f32, an int i32, a bool bool.
+    """
     target = F.shape_tuple(shape, "full") if shape != () else ()
+    if dtype is None:
+        kind = dtypes.scalar_kind(fill_value)
+        if kind is None:
+            raise TraceError(
+                f"full: fill_value must be a Python number, got {type(fill_value).__name__}",
+                hint="for a tensor, use kiln.broadcast_to(value, shape)",
+            )
+        dtype = dtypes.SCALAR_DEFAULT[kind]
     return F.broadcast_to(constant(fill_value, dtypes.normalize(dtype)), target)
 
 

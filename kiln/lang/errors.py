@@ -151,8 +151,8 @@ def param_location(fn: Callable, name: str) -> Location:
     if found is not None:
         node, start = found
         args = node.args
-        for arg in args.posonlyargs + args.args + args.kwonlyargs:
-            if arg.arg == name:
+        for arg in [*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs, args.kwarg]:
+            if arg is not None and arg.arg == name:
                 return _at(fn, start + arg.lineno - 1)
     return def_location(fn)
 

@@ -53,11 +53,14 @@ class NumpyMethods:
     def ceil(self) -> Any:
         return _ops().elementwise.ceil(self)
 
-    def round(self) -> Any:
-        return _ops().elementwise.round(self)
+    def round(self, decimals: int = 0) -> Any:
+        return _ops().elementwise.round(self, decimals)
 
-    def clip(self, a_min=None, a_max=None) -> Any:
-        return _ops().elementwise.clip(self, a_min, a_max)
+    def __round__(self, ndigits: int | None = None) -> Any:  # round(x), like kiln.round(x)
+        return _ops().elementwise.round(self, ndigits)
+
+    def clip(self, *bounds: Any, **named: Any) -> Any:  # (a_min, a_max) or min=, max=
+        return _ops().elementwise.clip(self, *bounds, **named)
 
     def prod(self, axis=None, keepdims: bool = False) -> Any:
         return _ops().reductions.prod(self, axis, keepdims)

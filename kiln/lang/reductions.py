@@ -13,6 +13,7 @@ from typing import Any
 from kiln.errors import TraceError
 from kiln.lang import dtypes, shapes
 from kiln.lang import functions as F
+from kiln.lang.errors import DOCS_NOTE
 from kiln.lang.tensor import Tensor, apply, constant
 
 
@@ -68,8 +69,12 @@ def log_softmax(x: Any, axis: Any = -1) -> Tensor:
     return F.subtract(x, logsumexp(x, axes, keepdims=True))
 
 
-def arange(n: int, dtype: Any = "i32") -> Tensor:
+def arange(n: int, *more: Any, dtype: Any = "i32") -> Tensor:
     """``0, 1, ..., n-1``, built from ~log2(n) two-element constants (no data tensor)."""
+    if len(more) == 1 and dtypes.scalar_kind(more[0]) is None:
+        dtype = more[0]  # arange(n, dtype) by position
+    elif more:
+        raise _arange_range((n, *more))
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise TraceError(f"arange: n must be a positive int, got {n!r}")
     bits = max(1, (n - 1).bit_length())
@@ -79,6 +84,26 @@ def arange(n: int, dtype: Any = "i32") -> Tensor:
         value = F.add(F.reshape(value, value.shape + (1,)), pair)
     flat = F.reshape(value, (1 << bits,))
     return F.cast(shapes.getitem(flat, slice(0, n)), dtype)
+
+
+def _arange_range(args: tuple) -> TraceError:
+    """``arange(start, stop[, step])``: NumPy's longer forms, refused with the ``arange(n)``
+    that computes the same."""
+    given = f"arange({', '.join(map(repr, args))})"
+    start, stop, step = (*args, 1)[:3] if len(args) < 4 else (None, None, None)
+    hint = "write kiln.arange(n) * step + start"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)) and step:
+        n = len(range(start, stop, step))
+        if n > 0:
+            hint = f"write kiln.arange({n})" + (f" * {step}" if step != 1 else "")
+            hint += f" + {start}" if start else ""
+    return TraceError(
+        f"arange takes one argument n (np.arange(n)), got {given}",
+        expected="kiln.arange(n): 0, 1, ..., n-1",
+        found=given,
+        hint=hint,
+        notes=[DOCS_NOTE],
+    )
 
 
 def _arg(op: str, x: Any, axis: Any, keepdims: bool) -> Tensor:

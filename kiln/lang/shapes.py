@@ -142,11 +142,14 @@ def _axis(value: Any, rank: int, label: str) -> int:
     return int(value) % rank
 
 
-def concatenate(tensors: Sequence[Any], axis: int = 0) -> Tensor:
-    """Join tensors along an existing axis (dtypes promote as in arithmetic)."""
+def concatenate(tensors: Sequence[Any], axis: int | None = 0) -> Tensor:
+    """Join tensors along an existing axis (dtypes promote as in arithmetic);
+    ``axis=None`` flattens them first, as NumPy does."""
     if not isinstance(tensors, (list, tuple)) or not tensors:
         raise TraceError("concatenate needs a non-empty list or tuple of tensors")
     parts = [F.as_tensor(t, "concatenate") for t in tensors]
+    if axis is None:
+        parts, axis = [flatten(p) for p in parts], 0
     if builtins.any(p.ndim == 0 for p in parts):
         raise TraceError("concatenate: zero-dimensional tensors cannot be concatenated")
     a = _axis(axis, parts[0].ndim, "concatenate")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import ast
 
-CACHE_FORMAT = 3
+CACHE_FORMAT = 4  # 4: params of *args and keyword-only parameters too; no invalid dims
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +68,10 @@ def _dims(annotation: ast.expr | None) -> tuple[str | int, ...] | None:
         return None
     items = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
     dims: list[str | int] = []
-    for item in items:
-        if isinstance(item, ast.Constant) and isinstance(item.value, (str, int)):
-            dims.append(item.value)
+    for item in items:  # a bad dim ('', 'n m', 0) is left to the import's annotation error
+        value = item.value if isinstance(item, ast.Constant) else None
+        if (isinstance(value, str) and value.isidentifier()) or (type(value) is int and value > 0):
+            dims.append(value)
     return tuple(dims)
 
 
@@ -109,8 +110,11 @@ def scan_module(module: str, file: Path) -> ModuleInfo:
         if isinstance(node, ast.FunctionDef) and any(
             is_device_decorator(d) for d in node.decorator_list
         ):
-            args = node.args.posonlyargs + node.args.args
-            params = tuple((a.arg, _dims(a.annotation)) for a in args)
+            # every parameter, *args and keyword-only ones too: their dims count as used
+            # (no "unused dim" warning), and the trace refuses the parameter at its line
+            a = node.args
+            args = [*a.posonlyargs, *a.args, a.vararg, *a.kwonlyargs, a.kwarg]
+            params = tuple((p.arg, _dims(p.annotation)) for p in args if p is not None)
             kernels.append(KernelSource(node.name, module, str(file), node.lineno, params))
     return ModuleInfo(module, str(file), tuple(kernels), tuple(sorted(set(imports))))
 

@@ -289,3 +289,128 @@ def test_bad_dims_in_annotation_are_rejected():
 def test_tensor_cannot_be_constructed_directly():
     with pytest.raises(TypeError):
         Tensor()
+
+
+@device
+def inc(i: Tensor["N"]):
+    return i + 1
+
+
+@device
+def inc_scalar(i: Tensor[()]):
+    return i + 1
+
+
+def test_int64_arguments_outside_i32_are_refused_not_wrapped():
+    from kiln.errors import TraceError
+
+    edges = np.array([-(2**31), 2**31 - 2], np.int64)
+    assert inc(edges).tolist() == [-(2**31) + 1, 2**31 - 1]
+    with pytest.raises(TraceError) as info:
+        inc(np.array([3, 2**32 + 5, -(2**40)], np.int64))
+    text = info.value.render()
+    assert "error: argument 'i' of kernel 'inc': 4294967301 at index (1,) does not fit in i32" in (
+        text
+    )
+    assert "expected: ints from -2147483648 to 2147483647 (int64 arrays become i32)" in text
+    with pytest.raises(TraceError, match=r"'inc_scalar': 1099511627776 does not fit in i32"):
+        inc_scalar(2**40)  # a Python int
+    with pytest.raises(TraceError, match=r"'inc_scalar': -2147483649 does not fit in i32"):
+        inc_scalar(np.int64(-(2**31) - 1))
+
+
+def test_float64_arguments_keep_nan_and_inf():
+    out = inc(np.array([np.inf, np.nan, -np.inf]))  # float64 becomes f32, as documented
+    assert out.dtype == np.float32 and out[0] == np.inf and np.isnan(out[1]) and out[2] == -np.inf
+
+
+def test_empty_array_arguments_are_refused():
+    from kiln.errors import TraceError
+
+    with pytest.raises(TraceError) as info:
+        arith(f32([]), f32([]))
+    assert (
+        "error: argument 'a' of kernel 'arith' is empty (shape (0,)): a kernel's tensors are "
+        "never empty" in info.value.render()
+    )
+
+
+def test_clip_takes_numpy_2_min_and_max_keywords():
+    from kiln.errors import TraceError
+
+    @device
+    def clipped(x: Tensor["N"]):
+        return (
+            x.clip(max=1.0),
+            x.clip(min=0.0),
+            x.clip(0.0, 1.0),
+            kiln.clip(x, min=-1, max=0.5),
+            np.clip(x, max=0.0),
+            x.clip(a_min=0.5),
+        )
+
+    x = f32([-2, 0.25, 3])
+    out = [o.tolist() for o in clipped(x)]
+    assert out == [
+        [-2, 0.25, 1],
+        [0, 0.25, 3],
+        [0, 0.25, 1],
+        [-1, 0.25, 0.5],
+        [-2, 0, 0],
+        [0.5, 0.5, 3],
+    ]
+
+    @device
+    def both(x: Tensor["N"]):
+        return kiln.clip(x, 0.0, min=1.0)
+
+    with pytest.raises(TraceError, match="clip: give a_min or min, not both"):
+        both(x)
+
+
+def test_python_round_is_kiln_round():
+    @device
+    def rounded(x: Tensor["N"], i: Tensor["N"]):
+        return round(x), round(x, 0), round(i)
+
+    x = f32([0.5, 1.5, -2.5, 2.7])
+    r, r0, ri = rounded(x, i32([1, 2, 3, 4]))
+    assert r.tolist() == [0, 2, -2, 3] and r0.tolist() == r.tolist() and r.dtype == np.float32
+    assert ri.dtype == np.int32 and ri.tolist() == [1, 2, 3, 4]
+
+
+def test_full_takes_its_dtype_from_the_fill_value_as_numpy_does():
+    @device
+    def fills(x: Tensor["N"]):
+        return (
+            kiln.full((2,), 2),
+            kiln.full((2,), True),
+            kiln.full((2,), 2.5),
+            kiln.full((2,), 2, dtype="f16"),
+            kiln.full_like(x, 7),
+        )
+
+    out = fills(f32([1, 2, 3]))
+    assert [o.dtype for o in out] == [np.int32, np.bool_, np.float32, np.float16, np.float32]
+    assert [o.tolist() for o in out[:3]] == [[2, 2], [True, True], [2.5, 2.5]]
+
+
+def test_concatenate_axis_none_flattens_first():
+    @device
+    def flat_cat(a: Tensor["R", "C"], b: Tensor["N"], s: Tensor[()]):
+        return kiln.concatenate([a, b, s], axis=None)
+
+    a, b, s = f32([[1, 2], [3, 4]]), i32([5, 6]), f32(7)
+    out = flat_cat(a, b, s)
+    np.testing.assert_array_equal(out, np.concatenate([a, b, s], axis=None))
+    assert out.dtype == np.float32
+
+
+def test_arange_still_takes_a_dtype_by_position():
+    @device
+    def ramp(x: Tensor["N"]):
+        return kiln.arange(x.shape[0], "f32"), kiln.arange(3, dtype="f16")
+
+    r, h = ramp(f32([9, 9, 9, 9]))
+    assert r.dtype == np.float32 and r.tolist() == [0, 1, 2, 3]
+    assert h.dtype == np.float16 and h.tolist() == [0, 1, 2]

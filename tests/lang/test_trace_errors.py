@@ -201,6 +201,31 @@ def generator(x: Tensor["N"]):  # <- generator
 @device
 def returns_object(x: Tensor["N"]):
     return object()  # <- returns_object
+
+
+@device
+def arange_range(x: Tensor["N"]):
+    return x + kiln.arange(2, 6)  # <- arange_range
+
+
+@device
+def varargs(*xs: Tensor["N"]):  # <- varargs
+    return xs[0] + xs[1]
+
+
+@device
+def nested_outputs(x: Tensor["N"]):
+    return (x + 1, (x + 2, x + 3))  # <- nested_outputs
+
+
+@device
+def inline_number(x: Tensor["N"]):
+    return pair(x, 2.0)  # <- inline_number
+
+
+@device
+def round_decimals(x: Tensor["N"]):
+    return round(x, 2)  # <- round_decimals
 """
 
 SIZES = {"N": 4, "M": 5, "K": 3, "J": 2, "R": 4, "C": 6}
@@ -267,6 +292,46 @@ CASES = [
     ("remainder", "remainder", ["`%` (remainder) is not a kiln op"]),
     ("generator", "generator", ["kernel 'generator' is a generator", "found: a generator"]),
     ("returns_object", "returns_object", ["returned an object", "found: an object"]),
+    (
+        "arange_range",
+        "arange_range",
+        [
+            "error: arange takes one argument n (np.arange(n)), got arange(2, 6)",
+            "hint: write kiln.arange(4) + 2",
+        ],
+    ),
+    (
+        "varargs",
+        "varargs",
+        [
+            "error: argument 'xs' of kernel 'varargs' is *args/**kwargs: kernels take named "
+            "tensors",
+            "expected: one named argument per tensor: def varargs(x: Tensor[...], y: Tensor[...])",
+            "found: *xs",
+        ],
+    ),
+    (
+        "nested_outputs",
+        "nested_outputs",
+        [
+            "error: output 1 of kernel 'nested_outputs' is a tuple, not a Tensor",
+            "expected: a Tensor or a flat tuple of Tensors",
+            "hint: return a flat tuple of Tensors: return a, b, c",
+        ],
+    ),
+    (
+        "inline_number",
+        "inline_number",
+        ["error: argument 'b' of kernel 'pair' should have rank 1 (Tensor['N']), got shape ()"],
+    ),
+    (
+        "round_decimals",
+        "round_decimals",
+        [
+            "error: round: only rounding to whole numbers is a kiln op, got decimals=2",
+            "hint: scale first: kiln.round(x * 100) / 100",
+        ],
+    ),
 ]
 
 

@@ -127,3 +127,58 @@ def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_scanned_again(tmp_
     assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
     second = Discovery(tmp_path, cache)
     assert [k.name for i in second.scan_packages(("pkg",)) for k in i.kernels] == ["gemm", "fixxd"]
+
+
+HEADER = "# ruff: noqa: F821\nfrom kiln import Tensor, device\n\n\n"
+BLANK_DIM = (
+    HEADER
+    + """\
+@device
+def blank(x: Tensor["N", ""], y: Tensor["n m", 0, 4]):
+    return x
+"""
+)
+STAR_ARGS = (
+    HEADER
+    + """\
+@device
+def addall(*xs: Tensor["N"], scale: Tensor[()], **kw: Tensor["M"]):
+    return xs[0]
+"""
+)
+
+
+def test_bad_dims_are_left_out_and_star_parameters_are_kept(tmp_path):
+    """A dim Tensor[...] refuses is not asked of pipeline.yaml (the import names it at the
+    annotation), and the dims of *args or keyword-only parameters count as used."""
+    (blank,) = scan_module("blank", write(tmp_path / "blank.py", BLANK_DIM)).kernels
+    (addall,) = scan_module("star", write(tmp_path / "star.py", STAR_ARGS)).kernels
+    assert blank.params == (("x", ("N",)), ("y", (4,)))
+    assert addall.params == (("xs", ("N",)), ("scale", ()), ("kw", ("M",)))
+
+
+def test_compile_names_the_annotation_and_the_star_argument(tmp_path):
+    from tests.conftest import run_kiln
+
+    write(tmp_path / "kernels" / "__init__.py", "")
+    write(tmp_path / "kernels" / "blank.py", BLANK_DIM)
+    write(tmp_path / "kernels" / "star.py", STAR_ARGS)
+    write(
+        tmp_path / "pipeline.yaml",
+        "project: p\npackages: [kernels]\nkernels:\n"
+        "  blank: {shapes: {s: {N: 4}}}\n  addall: {shapes: {s: {N: 4, M: 2}}}\n"
+        "targets:\n  cpu: {runner: cpu}\n",
+    )
+    proc = run_kiln(tmp_path, "compile")
+    err = proc.stderr
+    assert proc.returncode == 1, err
+    assert "warning" not in err and "pipeline.yaml" not in err and "Traceback" not in err, err
+    assert (
+        "kernels/blank.py:6:14: error: importing kernel module 'kernels.blank' failed: "
+        "TypeError: Tensor[...] dims must be names like 'N' or positive ints, got ''" in err
+    )
+    assert (
+        "kernels/star.py:6: error: argument 'xs' of kernel 'addall' is *args/**kwargs: "
+        "kernels take named tensors" in err
+    )
+    assert "found: *xs" in err
