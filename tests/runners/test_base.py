@@ -99,39 +99,12 @@ def test_unknown_target_on_the_command_line_is_a_message_not_a_traceback(project
     assert "compile:" not in proc.stdout  # refused before building anything
 
 
-PLUGIN = '''
-from kiln.runners.base import Runner, RunResult
-
-
-class Board(Runner):
-    """Runs the kernel's own Python function: as right as the oracle."""
-
-    kind = "board"
-
-    def prepare(self, artifacts):
-        return artifacts.function
-
-    def run(self, prepared, inputs):
-        out = prepared.eager(*inputs)
-        return RunResult(list(out) if isinstance(out, tuple) else [out], {})
-'''
-
-
-def _installed_plugin(root, name: str) -> dict:
-    """A runner plugin installed as a package would be: a dist-info with its entry point."""
-    dist = root / "acme_board-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-board\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[kiln.runners]\n{name} = acme_board:Board\n")
-    (root / "acme_board.py").write_text(PLUGIN)
-    return {"PYTHONPATH": str(root)}
-
-
 def test_a_plugin_registered_under_a_plain_name_is_a_target_runner(project, tmp_path):
     """docs/targets.md: `acme = ...` in the group, then `board: {runner: acme}`."""
     from tests.conftest import run_kiln
+    from tests.support.board_plugin import install_plugin
 
-    env = _installed_plugin(tmp_path / "site", "acme")
+    env = install_plugin(tmp_path / "site", "acme")
     pipeline = project / "pipeline.yaml"
     text = pipeline.read_text().replace("targets:\n", "targets:\n  board: {runner: acme}\n")
     pipeline.write_text(text)

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 from kiln.tasks.checks.junit import write_junit
 from tests.conftest import run_kiln
-from tests.tasks.checks.board_plugin import add_top1, install_board
+from tests.support.board_plugin import add_top1, install_board
 
 COUNT = {"ok": False, "output": -1, "problem": "1 outputs, expected 2"}
 MATCHED = {"ok": True, "output": 0, "text": "output 0 bf16[8]: max abs err 0"}

@@ -7,7 +7,7 @@ import pytest
 from kiln.errors import KilnError, TargetError
 from kiln.tasks.checks.targets import runner_errors
 from tests.conftest import run_kiln
-from tests.tasks.checks.board_plugin import install_board
+from tests.support.board_plugin import install_board
 
 CRASH = "error: target 'crash' raised RuntimeError: device fell over\n"
 

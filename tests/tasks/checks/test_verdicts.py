@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kiln.tasks.checks.verdicts import ORACLE_ITSELF, output_tolerance
 from tests.conftest import run_kiln
-from tests.tasks.checks.board_plugin import add_top1, install_board
+from tests.support.board_plugin import add_top1, install_board
 
 REPORT = Path("build/kiln/kernel/test-report.json")
 

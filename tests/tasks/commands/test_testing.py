@@ -345,7 +345,7 @@ def test_a_doit_test_task_runs_again_when_its_inputs_change(project):
 
 def test_fail_fast_stops_the_checks_at_the_first_failure(project, tmp_path):
     """-x: vector_add.small fails on sim (the add-to-sub lowering); nothing runs after it."""
-    from tests.tasks.checks.board_plugin import install_board
+    from tests.support.board_plugin import install_board
 
     env = install_board(project, tmp_path / "site")  # `board` is right
     use_bad_visa(project)

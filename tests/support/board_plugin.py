@@ -52,16 +52,23 @@ TOP1 = (
 )
 
 
-def install_board(project: Path, site: Path) -> dict:
-    """The plugin in ``site``, its targets in the project's pipeline.yaml; the env to run in."""
+def install_plugin(site: Path, name: str = "bad.board") -> dict:
+    """The plugin in ``site``, registered as ``name`` in the `kiln.runners` group, as a
+    package installs one (a dist-info with its entry point); the env to run in."""
     dist = site / "badrunner-0.1.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: badrunner\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[kiln.runners]\nbad.board = bad_board:Board\n")
+    (dist / "entry_points.txt").write_text(f"[kiln.runners]\n{name} = bad_board:Board\n")
     (site / "bad_board.py").write_text(PLUGIN)
+    return {"PYTHONPATH": str(site)}
+
+
+def install_board(project: Path, site: Path) -> dict:
+    """The plugin in ``site``, its targets in the project's pipeline.yaml; the env to run in."""
+    env = install_plugin(site)
     pipeline = project / "pipeline.yaml"
     pipeline.write_text(pipeline.read_text().replace("targets:\n", "targets:\n" + TARGETS, 1))
-    return {"PYTHONPATH": str(site)}
+    return env
 
 
 def add_top1(project: Path, entry: str) -> None:
