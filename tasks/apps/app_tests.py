@@ -78,6 +78,10 @@ def test_app(project: Project, name: str, targets: list[str], junit: Path | None
 
         with dispatching(dispatcher):
             code = int(pytest.main(argv))
+        if code == pytest.ExitCode.INTERRUPTED:
+            # pytest caught the Ctrl-C (or SIGTERM) that was the command's to take:
+            # not a failed test, and no further target runs
+            raise KeyboardInterrupt
         for message in dispatcher.warnings:  # pytest captured them while the tests ran
             print(f"kiln: warning: {message}", file=sys.stderr, flush=True)
         for line in dispatcher.summary():

@@ -207,6 +207,30 @@ def _check_main_takes_no_arguments(project: Project, plan: AppPlan, main) -> Non
         signature = inspect.signature(main)
     except (TypeError, ValueError):  # a callable without a signature: let the call decide
         return
+    code = getattr(main, "__code__", None)
+    where = display_path(code.co_filename if code else plan.file, project.root)
+    if inspect.iscoroutinefunction(main) or inspect.isasyncgenfunction(main):
+        kind, found, hint = (
+            "a coroutine function",
+            f"async def main{signature}",
+            "wrap it: def main(): return asyncio.run(amain())",
+        )
+    elif inspect.isgeneratorfunction(main):
+        kind, found, hint = (
+            "a generator function",
+            f"def main{signature}: ... yield ...",
+            "return the outputs (a dict or a tuple of arrays) instead of yielding them",
+        )
+    else:
+        kind = None
+    if kind is not None:  # calling it runs nothing: its body would never call a kernel
+        raise KilnError(
+            f"app {plan.app.name!r}: main() is {kind}; Kiln calls main() and uses what it returns",
+            location=Location(where, code.co_firstlineno if code else None),
+            expected="def main(): that runs the app and returns its outputs",
+            found=found,
+            hint=hint,
+        )
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     required = [
         p.name
@@ -215,8 +239,6 @@ def _check_main_takes_no_arguments(project: Project, plan: AppPlan, main) -> Non
     ]
     if not required:
         return
-    code = getattr(main, "__code__", None)
-    where = display_path(code.co_filename if code else plan.file, project.root)
     raise KilnError(
         f"app {plan.app.name!r}: main() takes arguments ({', '.join(required)}), "
         "but Kiln calls main() with none",

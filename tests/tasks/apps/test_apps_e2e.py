@@ -5,7 +5,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +17,7 @@ import pytest
 
 from kiln.outputs import load_outputs
 from tests.conftest import REPO, machines_yaml, ran_tasks, run_kiln
+from tests.support.ctrl_c import answer_ctrl_c
 from tests.support.pipelines import STAGES
 
 APP_PIPELINE = (
@@ -426,3 +431,54 @@ def test_the_junit_report_of_an_apps_tests_names_the_app_and_target(plain_projec
     suite = next(ET.parse(plain_project / "r.xml").iter("testsuite"))
     assert suite.get("name") == "kiln.app.plain@cpu"  # was pytest's default, "pytest"
     assert suite.get("tests") == "1" and suite.get("failures") == "0"
+
+
+@pytest.mark.parametrize(
+    ("source", "kind", "found"),
+    [
+        ("async def main():\n    return 1\n", "a coroutine function", "async def main()"),
+        ("def main():\n    yield 1\n", "a generator function", "def main(): ... yield ..."),
+    ],
+)
+def test_an_app_whose_main_would_run_nothing_is_a_clear_error(plain_project, source, kind, found):
+    """Called bare, it returned a coroutine or a generator: exit 0 and no kernel ran."""
+    (plain_project / "apps" / "plain.py").write_text(source)
+    proc = run_kiln(plain_project, "run", "plain")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[:3] == [
+        f"apps/plain.py:1: error: app 'plain': main() is {kind}; "
+        "Kiln calls main() and uses what it returns",
+        "  expected: def main(): that runs the app and returns its outputs",
+        f"  found: {found}",
+    ]
+    assert "RuntimeWarning" not in proc.stderr
+
+
+def test_ctrl_c_during_an_apps_tests_stops_the_command(plain_project):
+    """pytest caught the interrupt: it was a failed test, and the next target ran."""
+    (plain_project / "apps" / "tests" / "test_plain.py").write_text(
+        "import time\n\n\ndef test_slow():\n    time.sleep(60)\n"
+    )
+    env = dict(os.environ, KILN_CACHE_DIR=str(plain_project / ".cache"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiln", "test", "plain", "--target", "sim", "--target", "cpu"],
+        cwd=plain_project,
+        env=env,
+        preexec_fn=answer_ctrl_c,
+        start_new_session=True,  # its own process group, as a terminal's job is
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out = ""
+    deadline = time.monotonic() + 120
+    while "pytest apps/tests/test_plain.py" not in out and time.monotonic() < deadline:
+        out += proc.stdout.readline()
+    time.sleep(1.0)  # inside the test's sleep
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 30
+    assert proc.returncode == 130, out + rest + err
+    assert "kiln: interrupted" in err and "fail (pytest exit code" not in out + rest
+    assert "@ cpu" not in out + rest  # no further target ran
