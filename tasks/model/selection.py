@@ -188,6 +188,15 @@ def _app_named(project, filters: list[str], apps: bool, command: str | None) -> 
                 f"`{_replace_filters(command, KERNEL_PREFIX + name)}`",
             )
         return name
+    plain_apps = [f for f in filters if f in app_names and f not in kernel_names]
+    if apps and len(filters) > 1 and plain_apps:
+        # with another FILTER beside it the name would match instances by substring
+        # instead: the app's own tests would never run, and the run could pass green
+        raise KilnError(
+            "an app is selected alone",
+            found=" ".join(filters),
+            hint=f"one app per command: `{_replace_filters(command, plain_apps[0])}`",
+        )
     return None
 
 

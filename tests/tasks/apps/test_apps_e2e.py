@@ -482,3 +482,14 @@ def test_ctrl_c_during_an_apps_tests_stops_the_command(plain_project):
     assert proc.returncode == 130, out + rest + err
     assert "kiln: interrupted" in err and "fail (pytest exit code" not in out + rest
     assert "@ cpu" not in out + rest  # no further target ran
+
+
+def test_an_app_named_beside_another_filter_is_refused(apps_project):
+    """With a second FILTER, `mlp` matched kernels by substring: the app's tests never ran
+    and the run passed."""
+    for filters in (("mlp", "attention"), ("mlp", "softmax.small")):
+        proc = run_kiln(apps_project, "test", *filters, "--target", "sim")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "error: an app is selected alone" in proc.stderr
+        assert f"found: {' '.join(filters)}" in proc.stderr
+        assert "PASS" not in proc.stdout
