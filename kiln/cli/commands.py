@@ -87,7 +87,9 @@ def cmd_compile(args) -> int:
                     write_dump(project, instances[0], kind, path)
                 else:
                     write_output(path, lambda p, k=kind: write_dump(project, instances[0], k, p))
-            print(f"kiln: wrote {kind} dump of {instances[0].name} to {path}")
+            # stdout holds JSON objects only under --message-format json: the line goes aside
+            said = sys.stderr if os.environ.get("KILN_MESSAGE_FORMAT") == "json" else sys.stdout
+            print(f"kiln: wrote {kind} dump of {instances[0].name} to {path}", file=said)
     return 0
 
 

@@ -652,3 +652,14 @@ def test_a_dump_path_inside_an_instance_out_dir_is_refused_before_building(proje
     elsewhere = project / "build/visa.txt"  # in the out dir's parent: fine
     run_kiln(project, "compile", "vector_add", "--dump-visa", str(elsewhere), check=True)
     assert elsewhere.stat().st_size > 0
+
+
+def test_message_format_json_keeps_stdout_json_with_a_dump_flag(project):
+    target = project / "v.txt"
+    proc = run_kiln(
+        project, "compile", "vector_add", "--dump-visa", str(target), "--message-format", "json"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    objects = [json.loads(line) for line in proc.stdout.splitlines()]  # each line is JSON
+    assert objects[-1]["kind"] == "summary"
+    assert f"kiln: wrote visa dump of vector_add.small to {target}" in proc.stderr
