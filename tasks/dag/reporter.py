@@ -269,7 +269,7 @@ class KilnReporter:
     # -- helpers ----------------------------------------------------------
     def _failure_summary(self) -> str:
         """``kiln: N failed:`` and a line per distinct error, with the instances it hit."""
-        found = [(name, diagnostic_from_failure(fail)) for name, fail in self.failures]
+        found = [(name, _diagnostic_or_text(fail)) for name, fail in self.failures]
         groups = group_failures(found)
         distinct = f" ({len(groups)} distinct errors)" if len(groups) < len(found) else ""
         if len(groups) == 1 < len(found):
@@ -281,9 +281,10 @@ class KilnReporter:
             if len(names) == 1:
                 lines.append(f"  {names[0]}" + (f" ({where})" if where else ""))
                 continue
-            message = ""
             if isinstance(diag, dict):  # a declared cause says it for every instance
                 message = diag.get("cause") or diag.get("message", "")
+            else:  # a failure's text (a test's mismatch): its first line
+                message = (str(diag or "").strip().splitlines() or [""])[0]
             head = f"{where}: {message}" if where else message
             lines.append(f"  {head}" if head else "  the same error:")
             hit = affected([instance_of(n) for n in names], self.verbosity >= 2)
@@ -353,9 +354,9 @@ class KilnReporter:
             self.err.flush()
 
 
-def _where(diag: dict | None) -> str:
+def _where(diag: dict | str | None) -> str:
     """file:line of a diagnostic, for the list of failures at the end."""
-    if not diag or not diag.get("file"):
+    if not isinstance(diag, dict) or not diag.get("file"):
         return ""
     return relative_path(diag["file"]) + (f":{diag['line']}" if diag.get("line") else "")
 
@@ -409,3 +410,10 @@ def record_cache_counts(counts: dict) -> None:
         write_last_build(resolve_cache_config(None).local_dir, counts)
     except Exception:  # stats are a convenience; never fail a build over them
         pass
+
+
+def _diagnostic_or_text(fail) -> dict | str:
+    """A failure as the grouping compares it: its diagnostic, else its message (a test
+    task's mismatch is text), as ``add_failure`` printed it."""
+    diag = diagnostic_from_failure(fail)
+    return diag if diag is not None else fail.get_msg().strip()

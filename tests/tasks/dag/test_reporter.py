@@ -116,3 +116,24 @@ def test_tasks_after_a_failure_are_counted_not_reported_again(monkeypatch, capsy
     assert list(failed) == ["compile:k.small.trace"]
     assert failed["compile:k.small.trace"]["line"] == 8
     assert not_run == ["compile:k.small.visa", "compile:k.small.lir"]
+
+
+def test_distinct_test_failures_are_not_summed_up_as_one_empty_error(monkeypatch, capsys):
+    """A test task fails with text, no diagnostic: every text is its own failure."""
+    monkeypatch.setenv("KILN_MESSAGE_FORMAT", "human")
+    r = KilnReporter(io.StringIO(), {})
+    for name, err in (("a.small", "0.457"), ("a.large", "0.176"), ("b.default", "0.9")):
+        r.add_failure(task(f"test:{name}@sim"), TaskFailed(f"FAIL {name}: max abs err {err}"))
+    same = "FAIL x: the same mismatch"
+    for name in ("c.one", "c.two"):
+        r.add_failure(task(f"test:{name}@sim"), TaskFailed(same.replace("x", name)))
+    r.complete_run()
+    summary = capsys.readouterr().err.split("kiln: 5 failed")[1]
+    assert summary.splitlines() == [
+        " (4 distinct errors):",
+        "  test:a.small@sim",
+        "  test:a.large@sim",
+        "  test:b.default@sim",
+        "  FAIL c.one: the same mismatch",
+        "    2 instances: c.one, c.two",
+    ]
