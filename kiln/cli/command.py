@@ -66,6 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, already printed)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
+        if fmt == "json":  # a Ctrl-C before the build began: the summary object all the same
+            from kiln.tasks.dag.reporter import summary_json, wrote_summary
+
+            if not wrote_summary():
+                try:
+                    sys.stdout.write(summary_json(stopped=True))
+                    sys.stdout.flush()
+                except OSError:  # stdout closed: the exit status still says it
+                    pass
         print(INTERRUPTED, file=sys.stderr)
         return 130
 

@@ -24,6 +24,41 @@ _last_failures: dict[str, dict | str] = {}
 _last_blocked: list[str] = []
 
 
+_summaries: list[str] = []  # the summary objects this process wrote
+
+
+def summary_json(
+    ran: int = 0,
+    up_to_date: int = 0,
+    failed: int = 0,
+    not_run: int = 0,
+    skipped: list | None = None,
+    failed_tasks: list | None = None,
+    stopped: bool = False,
+) -> str:
+    """The build's ``{"kind": "summary", ...}`` line (--message-format json); ``stopped``:
+    by a Ctrl-C (also when this process did not see the signal itself)."""
+    text = json.dumps(
+        {
+            "kind": "summary",
+            "ran": ran,
+            "up_to_date": up_to_date,
+            "failed": failed,
+            "not_run": not_run,
+            "skipped": skipped or [],
+            "failed_tasks": failed_tasks or [],
+            **({"interrupted": True} if stopped or interrupted() else {}),
+        }
+    )
+    _summaries.append(text)
+    return text + "\n"
+
+
+def wrote_summary() -> bool:
+    """Whether a build of this process has written its summary object."""
+    return bool(_summaries)
+
+
 def last_run_failures() -> tuple[dict[str, dict | str], list[str]]:
     """What the last build in this process could not do: (failed tasks, tasks not run).
 
@@ -231,19 +266,14 @@ class KilnReporter:
                 cache = {"kind": "cache", "fetched": fetched, "compiled": counts["compiled"]}
                 self._write(json.dumps(dict(cache, local_hits=counts["hit"])) + "\n")
             self._write(
-                json.dumps(
-                    {
-                        "kind": "summary",
-                        "ran": len(self.ran),
-                        "up_to_date": self.uptodate,
-                        "failed": len(self.failures),
-                        "not_run": len(self.blocked),
-                        "skipped": [{"task": n, "reason": r} for n, r in self.skipped],
-                        "failed_tasks": [name for name, _ in self.failures],
-                        **({"interrupted": True} if interrupted() else {}),
-                    }
+                summary_json(
+                    ran=len(self.ran),
+                    up_to_date=self.uptodate,
+                    failed=len(self.failures),
+                    not_run=len(self.blocked),
+                    skipped=[{"task": n, "reason": r} for n, r in self.skipped],
+                    failed_tasks=[name for name, _ in self.failures],
                 )
-                + "\n"
             )
             return
         if self.failures:

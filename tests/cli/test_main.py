@@ -663,3 +663,21 @@ def test_message_format_json_keeps_stdout_json_with_a_dump_flag(project):
     objects = [json.loads(line) for line in proc.stdout.splitlines()]  # each line is JSON
     assert objects[-1]["kind"] == "summary"
     assert f"kiln: wrote visa dump of vector_add.small to {target}" in proc.stderr
+
+
+def test_ctrl_c_before_the_build_still_ends_json_output_with_an_interrupted_summary(
+    monkeypatch, capsys
+):
+    """docs/ci.md: a summary object closes the JSON lines, `interrupted: true` after Ctrl-C."""
+    from kiln.cli import command
+
+    def interrupted_while_loading(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "_main", interrupted_while_loading)
+    monkeypatch.delenv("KILN_MESSAGE_FORMAT", raising=False)
+    assert command.main(["compile", "--message-format", "json"]) == 130
+    out = capsys.readouterr()
+    (summary,) = [json.loads(line) for line in out.out.splitlines()]
+    assert summary["kind"] == "summary" and summary["interrupted"] is True
+    assert summary["ran"] == 0 and "kiln: interrupted" in out.err
