@@ -1,4 +1,5 @@
-"""A closed stdout (``kiln status | head -1``) is not an error and does not stop a build.
+"""A closed stdout or stderr (``kiln status | head -1``) is not an error and does not stop
+a build.
 
 Writes after the reader went away are dropped: the first BrokenPipeError
 points file descriptor 1 at /dev/null, so the rest of the run (and
@@ -49,6 +50,12 @@ class PipeSafeStream:
 
 
 def guard_stdout() -> None:
-    """Make ``sys.stdout`` pipe-safe (once; harmless to call again)."""
+    """Make ``sys.stdout`` and ``sys.stderr`` pipe-safe (once; harmless to call again).
+
+    stderr too: ``kiln status nosuch 2>&1 | true`` lost its error message to the
+    closed pipe and then its exit status (1 for the unwritable message, not 2).
+    """
     if not isinstance(sys.stdout, PipeSafeStream) and sys.stdout is not None:
         sys.stdout = PipeSafeStream(sys.stdout)
+    if not isinstance(sys.stderr, PipeSafeStream) and sys.stderr is not None:
+        sys.stderr = PipeSafeStream(sys.stderr)

@@ -681,3 +681,22 @@ def test_ctrl_c_before_the_build_still_ends_json_output_with_an_interrupted_summ
     (summary,) = [json.loads(line) for line in out.out.splitlines()]
     assert summary["kind"] == "summary" and summary["interrupted"] is True
     assert summary["ran"] == 0 and "kiln: interrupted" in out.err
+
+
+def test_an_input_error_keeps_exit_2_when_stderr_is_a_closed_pipe(project):
+    """`kiln status nosuch 2>&1 | true`: the message has no reader; the status still says 2."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        env = dict(os.environ, KILN_CACHE_DIR=str(project / ".cache"))
+        proc = subprocess.run(
+            [sys.executable, "-m", "kiln", "status", "nosuchkernel"],
+            cwd=project,
+            env=env,
+            stdout=write_end,
+            stderr=write_end,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 2
