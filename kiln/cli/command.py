@@ -100,6 +100,8 @@ def _main(argv: list[str]) -> int:
     if command in OWN_COMMANDS:
         return _dispatch(rest)
     _check_command(command)
+    if command in DOIT_COMMANDS and ("--help" in rest[1:] or "-h" in rest[1:]):
+        return _help([command])  # doit's commands take no --help: its parser refused it
     from kiln.tasks.dag.build import run_doit
 
     rc = run_doit(None, rest) or 0  # doit returns None for some commands
@@ -164,7 +166,13 @@ def _help(topics: list[str]) -> int:
     if topic in DOIT_COMMANDS or topic in ("run", "task", "tabcompletion", "auto"):
         from kiln.tasks.dag.build import run_doit
 
-        return run_doit(None, ["help", *topics]) or 0
+        rc = run_doit(None, ["help", *topics]) or 0
+        print(
+            "\nUnder kiln, whatever the defaults above say, the database is "
+            ".kiln/doit.sqlite3 (sqlite3)\nand the up-to-date check is pipeline.yaml's "
+            "cache.check (timestamp unless it says md5)."
+        )
+        return rc
     raise _unknown_command(topic)
 
 

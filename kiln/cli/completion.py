@@ -48,7 +48,16 @@ def script(shell: str, parser: argparse.ArgumentParser | None = None) -> str:
     parser = parser or build_parser()
     top = _options(parser)
     commands = [_command(name, sub, text) for name, sub, text in subcommands(parser)]
+    commands += [Command(name, text, []) for name, text in DOIT_PASSED_ON.items()]
     return {"bash": bash, "zsh": zsh, "fish": fish}[shell](top, commands)
+
+
+# doit's commands `kiln --help` names, which kiln passes on to doit
+DOIT_PASSED_ON = {
+    "list": "list the doit tasks (doit's command)",
+    "info": "show a task's doit record (doit's command)",
+    "forget": "forget what doit recorded of tasks (doit's command)",
+}
 
 
 def _options(parser: argparse.ArgumentParser) -> list[Option]:

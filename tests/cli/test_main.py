@@ -580,6 +580,7 @@ def test_bash_completion_is_valid_and_knows_every_command(tmp_path):
         ' echo "${COMPREPLY[*]}"; }\n'
         "t kiln co\nt kiln -q compile --message-format ''\nt kiln cache ''\n"
         "t kiln cache gc --m\nt kiln test --target sim --ju\nt kiln completion ''\n"
+        "t kiln li\nt kiln fo\n"  # doit's commands that `kiln --help` names
     )
     out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [
@@ -589,6 +590,8 @@ def test_bash_completion_is_valid_and_knows_every_command(tmp_path):
         "--max-size",
         "--junit",
         "bash zsh fish",
+        "list",
+        "forget",
     ]
 
 
@@ -700,3 +703,12 @@ def test_an_input_error_keeps_exit_2_when_stderr_is_a_closed_pipe(project):
     finally:
         os.close(write_end)
     assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_a_doit_command_help_flag_shows_its_help_with_kilns_settings(project, flag):
+    proc = run_kiln(project, "list", flag)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Error parsing Command" not in proc.stdout + proc.stderr
+    assert "list tasks from dodo file" in proc.stdout
+    assert "the database is .kiln/doit.sqlite3 (sqlite3)" in proc.stdout
