@@ -278,6 +278,8 @@ def _type_hint(types: list[str], value: Any) -> str | None:
     if "string" in types and isinstance(value, int | float):
         return f'quote it to make it a string: "{value}"'
     if "integer" in types and isinstance(value, float) and value.is_integer():
+        if abs(value) >= 1e16:  # past float's exact whole numbers: its digits mean nothing
+            return "write it as a whole number without a dot or exponent"
         return f"write it as a whole number without a dot or exponent: {int(value)}"
     if isinstance(value, str) and ("integer" in types or "number" in types):
         text = value.strip()
