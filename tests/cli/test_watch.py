@@ -175,18 +175,37 @@ def test_a_filter_that_matches_nothing_is_exit_2_before_any_round(project):
     assert "Traceback" not in proc.stderr
 
 
-class _SlowRound(Watcher):
-    """A round whose build takes a minute unless it is interrupted."""
+SLOW_ROUND = """
+import io, sys
+from pathlib import Path
+from kiln.cli.watch import Watcher
 
+
+class SlowRound(Watcher):  # a round whose build takes a minute unless interrupted
     def command(self):
         return [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
+print("round", flush=True)
+try:
+    SlowRound(Path(sys.argv[1]), out=io.StringIO()).run_round()
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
 def test_sigint_to_the_watch_alone_stops_the_round_under_way(project):
     """kill -INT of the watch's pid (an IDE's stop): the build never got that Ctrl-C itself."""
-    watcher = _SlowRound(project / "pipeline.yaml", out=io.StringIO())
-    threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_ROUND, str(project / "pipeline.yaml")],
+        preexec_fn=answer_ctrl_c,
+        start_new_session=True,  # the signal reaches the watch alone, not its build
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline() == "round\n"
+    time.sleep(1.0)  # the build is sleeping
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        watcher.run_round()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
     assert time.monotonic() - started < 15  # not the minute the build would take
