@@ -226,7 +226,7 @@ def cmd_bench(args) -> int:
             )
     project = _project()
     instances = _select(project, args, "bench").instances
-    if getattr(args, "shape", None):
+    if getattr(args, "shape", None) is not None:  # `--shape ""` too: refused, not ignored
         from kiln.tasks.commands.benching import instances_at_shape
 
         instances = instances_at_shape(project, instances, args.shape)

@@ -21,6 +21,8 @@ def instances_at_shape(project, instances: list, text: str) -> list:
 
     from kiln.errors import KilnError
 
+    if not text.strip():
+        raise KilnError("--shape needs sizes", expected="NAME=SIZE[,NAME=SIZE...]", found=text)
     sizes: dict[str, int] = {}
     for part in re.split(r"\s*,\s*|\s+", text.strip()):
         if not part:
@@ -46,8 +48,6 @@ def instances_at_shape(project, instances: list, text: str) -> list:
                 found=text,
             )
         sizes[name] = size
-    if not sizes:
-        raise KilnError("--shape needs sizes", expected="NAME=SIZE[,NAME=SIZE...]", found=text)
     kernels = sorted({inst.kernel for inst in instances})
     if len(kernels) > 1:
         raise KilnError(
@@ -206,13 +206,14 @@ def run_bench(project, instances: list, args) -> int:
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the table/CSV/JSON
         unbuilt = build_each(project, instances, fail_fast=getattr(args, "fail_fast", False))
     built = [inst for inst in instances if inst.name not in unbuilt]
-    from kiln.tasks.checks.results import save_bench_row
+    from kiln.tasks.checks.results import binary_digest, save_bench_row
 
     rows = []
     for target, runner in runners.items():
         timed = bench_rows(project, built, target, runner, args.iter, args.warmup)
         for inst, row in zip(built, timed, strict=True):
-            save_bench_row(inst.out_dir, row)  # the last numbers, for `kiln view`
+            # the last numbers, for `kiln view`, with the binary they are of
+            save_bench_row(inst.out_dir, {**row, "binary": binary_digest(project, inst)})
         rows += timed
     print(render(rows, args.output_format), end="")
     if len(unbuilt) == 1:

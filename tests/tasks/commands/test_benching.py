@@ -269,6 +269,8 @@ def test_a_project_kernel_at_explicit_sizes(built):
         ("M=64,K=32,N=2000000000", "too large"),
         ("M=64,M=32,K=32,N=16", "M is given twice"),
         ("M=64,,K=32,N=16", "an empty entry"),
+        ("", "--shape needs sizes"),
+        (" ", "--shape needs sizes"),
     ],
 )
 def test_bad_explicit_sizes_are_one_message(built, shape, message):
