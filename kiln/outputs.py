@@ -231,6 +231,10 @@ def describe_output(name: str, value: Any) -> str:
     label = "  out" if name == "out" else f"  out {name}"
     array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic, int, float)) else None
     numbers = None if array is None else _numbers(array)
+    if array is not None and array.dtype.kind == "c" and array.size:  # complex: |z|
+        size = np.abs(array)
+        shape = list(array.shape)
+        return f"{label}: {array.dtype}{shape}  |z| min {size.min():.6g}  max {size.max():.6g}"
     if numbers is None:
         return f"{label}: {value!r}"[:200]
     # int64, float64, float8... from the app's own numpy: numpy's name

@@ -76,3 +76,8 @@ def test_saving_where_a_file_stands_says_what_was_expected_and_found(tmp_path):
     assert "--save-outputs" in str(error) and error.expected == "a directory"
     assert error.found == f"the file {tmp_path / 'afile'}"
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_complex_output_is_described_by_numpy_dtype_and_magnitudes():
+    z = np.array([3 + 4j, 0 - 1j], dtype=np.complex128)
+    assert describe_output("z", z) == "  out z: complex128[2]  |z| min 1  max 5"
