@@ -96,9 +96,10 @@ def read_records(path: str | os.PathLike) -> dict[str, TuningRecord]:
         try:
             record = _record(json.loads(line))
         except ValueError as exc:
+            key = exc.key if isinstance(exc, _KeyProblem) else None
             raise KilnError(
                 "a tuning record cannot be read",
-                location=Location(str(path), number, 1, source=line[:200]),
+                location=Location(str(path), number, 1, key_path=key, source=line[:200]),
                 expected="one JSON object per line, as `kiln tune` writes them",
                 found=str(exc),
                 hint="restore the file from version control, or delete the line and "
@@ -131,8 +132,30 @@ KNOB_VALUES: dict[str, dict[str, tuple[str, Any]]] = {
     "schedule": {"policy": ("'critical-path' or 'in-order'", lambda v: v in _POLICIES)},
 }
 _POLICIES = ("critical-path", "in-order")
-_TEXT_FIELDS = ("instance", *KEY_FIELDS, "strategy")
-_COUNT_FIELDS = ("default_cycles", "tuned_cycles", "trials", "rejected", "seed", "budget")
+# kiln.tune.search.STRATEGIES (kept light as KNOB_VALUES is; a test holds them equal)
+STRATEGIES = ("grid", "random", "evolutionary")
+_TEXT_FIELDS = ("instance", *KEY_FIELDS)
+# every count a record has, and its least value: a makespan is never 0 cycles (the
+# outputs are always stored), the default candidate is always the first trial, and
+# --budget is at least 1
+_COUNT_FIELDS = {
+    "default_cycles": 1,
+    "tuned_cycles": 1,
+    "trials": 1,
+    "rejected": 0,
+    "seed": 0,
+    "budget": 1,
+}
+# the keys of every record `kiln tune` writes (``complete`` only when it is false)
+REQUIRED = ("instance", *KEY_FIELDS, "knobs", *_COUNT_FIELDS, "strategy", "speedup")
+
+
+class _KeyProblem(ValueError):
+    """What is wrong with one key of a record (``key``: its path, as ``knobs.visa.tile_m``)."""
+
+    def __init__(self, key: str | None, problem: str):
+        super().__init__(problem)
+        self.key = key
 
 
 def _record(data: Any) -> TuningRecord:
@@ -140,46 +163,84 @@ def _record(data: Any) -> TuningRecord:
     if not isinstance(data, dict):
         raise ValueError(f"a JSON {type(data).__name__}, not an object")
     data = dict(data)
-    data.pop("speedup", None)
     fields = TuningRecord.__dataclass_fields__
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields) - {"speedup"})
     if unknown:
-        raise ValueError(f"unexpected keys {unknown}")
-    missing = [f for f in ("instance", *KEY_FIELDS) if f not in data]
+        raise _KeyProblem(unknown[0], f"unexpected keys {unknown}")
+    missing = [f for f in REQUIRED if f not in data]
     if missing:
-        raise ValueError(f"no {', '.join(map(repr, missing))}")
+        raise _KeyProblem(missing[0], f"no {', '.join(map(repr, missing))}")
     for name in _TEXT_FIELDS:
-        if name in data and not isinstance(data[name], str):
-            raise ValueError(f"{name!r} is {data[name]!r}, not a string")
-    for name in _COUNT_FIELDS:
-        if name in data and type(data[name]) is not int:
-            raise ValueError(f"{name!r} is {data[name]!r}, not a whole number")
+        if not isinstance(data[name], str):
+            raise _KeyProblem(name, f"{name!r} is {data[name]!r}, not a string")
+    if data["strategy"] not in STRATEGIES:
+        raise _KeyProblem(
+            "strategy", f"'strategy' is {data['strategy']!r}, not one of {', '.join(STRATEGIES)}"
+        )
+    for name, least in _COUNT_FIELDS.items():
+        value = data[name]
+        if type(value) is not int or value < least:
+            raise _KeyProblem(name, f"{name!r} is {value!r}, not a whole number, {least} or more")
     if "complete" in data and type(data["complete"]) is not bool:
-        raise ValueError(f"'complete' is {data['complete']!r}, not true or false")
-    _check_knobs(data.get("knobs", {}))
-    return TuningRecord(**data)
+        raise _KeyProblem("complete", f"'complete' is {data['complete']!r}, not true or false")
+    _check_knobs(data["knobs"])
+    _check_counts(data)
+    speedup = data.pop("speedup")
+    record = TuningRecord(**data)
+    # as written: rounded to 4 places; NaN compares as no number at all
+    if type(speedup) not in (int, float) or not abs(speedup - round(record.speedup, 4)) <= 1e-4:
+        raise _KeyProblem(
+            "speedup",
+            f"'speedup' is {speedup!r}, not default_cycles / tuned_cycles "
+            f"({record.default_cycles} / {record.tuned_cycles} = {record.speedup:.4f})",
+        )
+    return record
+
+
+def _check_counts(data: dict) -> None:
+    """The counts agree with each other as they do in every record `kiln tune` writes."""
+    for name, other, why in (
+        ("tuned_cycles", "default_cycles", "a record is never slower than the defaults"),
+        ("trials", "budget", "a search stops at its budget"),
+    ):
+        if data[name] > data[other]:
+            raise _KeyProblem(
+                name, f"{name!r} is {data[name]}, more than {other!r} ({data[other]}): {why}"
+            )
+    if data["rejected"] >= data["trials"]:
+        raise _KeyProblem(
+            "rejected",
+            f"'rejected' is {data['rejected']}, not fewer than 'trials' ({data['trials']}): "
+            "the default candidate, always the first trial, is never rejected",
+        )
 
 
 def _check_knobs(knobs: Any) -> None:
     if not isinstance(knobs, dict):
-        raise ValueError("'knobs' must be a mapping of stage -> options")
+        raise _KeyProblem("knobs", "'knobs' must be a mapping of stage -> options")
     for stage, options in knobs.items():
         allowed = KNOB_VALUES.get(stage)
         if allowed is None:
-            raise ValueError(
-                f"knobs of stage {stage!r}: kiln tune tunes only " + ", ".join(KNOB_VALUES)
+            raise _KeyProblem(
+                f"knobs.{stage}",
+                f"knobs of stage {stage!r}: kiln tune tunes only " + ", ".join(KNOB_VALUES),
             )
         if not isinstance(options, dict):
-            raise ValueError(f"knobs of stage {stage!r} must be a mapping of option -> value")
+            raise _KeyProblem(
+                f"knobs.{stage}", f"knobs of stage {stage!r} must be a mapping of option -> value"
+            )
         for option, value in options.items():
+            path = f"knobs.{stage}.{option}"
             if option not in allowed:
-                raise ValueError(
+                raise _KeyProblem(
+                    path,
                     f"knob {stage}.{option} is not one kiln tune sets; "
-                    f"{stage} knobs: {', '.join(allowed)}"
+                    f"{stage} knobs: {', '.join(allowed)}",
                 )
             wanted, ok = allowed[option]
             if not ok(value):
-                raise ValueError(f"knob {stage}.{option} is {json.dumps(value)}, not {wanted}")
+                found = f"knob {stage}.{option} is {json.dumps(value)}, not {wanted}"
+                raise _KeyProblem(path, found)
 
 
 def write_records(path: str | os.PathLike, records: dict[str, TuningRecord]) -> bool:

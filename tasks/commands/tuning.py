@@ -41,12 +41,17 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
     path = records_path(project)
     records = read_records(path)
     keys = TuningKeys(project)
-    totals = {"trials": 0, "tuned": 0, "current": 0}
+    totals = {"trials": 0, "tuned": 0, "current": 0, "failed": 0}
     # -q, as for a build: the summary, warnings and what stopped the run; no line per instance
     quiet = verbosity() == 0
     try:
         for inst in instances:
-            graph, digest = _trace(project, inst)
+            try:
+                graph, digest = _trace(project, inst)
+            except KilnError as err:  # as a build: said once, and the other instances go on
+                trace = project.pipeline.stages[0].name
+                _failed(totals, err, f"while running stage {trace!r} of", inst)
+                continue
             key = TuningKey(graph=digest, **keys.parts(inst))
             old = records.get(inst.name)
             finished = old if old is not None and old.complete and key.matches(old) else None
@@ -57,7 +62,11 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
                 continue
             if old is not None and not old.complete and key.matches(old) and not quiet:
                 print(f"{inst.name}: the record is from an interrupted run; tuning again")
-            record, interrupted = _tune_instance(project, inst, graph, key, args)
+            try:
+                record, interrupted = _tune_instance(project, inst, graph, key, args)
+            except _DefaultFails as err:
+                _failed(totals, err, "while tuning", inst)
+                continue
             if interrupted and finished is not None:  # never trade a finished record for this
                 print(
                     f"{inst.name}: interrupted after {record.trials} trials; the finished "
@@ -78,11 +87,24 @@ def run_tune(project: Project, instances: list[KernelInstance], args) -> int:
     except KeyboardInterrupt:
         print("kiln tune: interrupted; records found so far are kept", file=sys.stderr)
         return 130
+    failed = f"{totals['failed']} failed, " if totals["failed"] else ""
     print(
-        f"kiln tune: {totals['tuned']} tuned, {totals['current']} current, "
+        f"kiln tune: {totals['tuned']} tuned, {totals['current']} current, {failed}"
         f"{totals['trials']} trials; records in {_shown(project, path)}"
     )
-    return 0
+    return 1 if totals["failed"] else 0
+
+
+class _DefaultFails(KilnError):
+    """An instance whose default options do not compile: it fails, the others are tuned."""
+
+
+def _failed(totals: dict, err: KilnError, doing: str, inst: KernelInstance) -> None:
+    """Print one instance's failure once, with the note a build gives it."""
+    bindings = ", ".join(f"{k}={v}" for k, v in inst.bindings)
+    err.notes.append(f"{doing} {inst.name}" + (f" ({bindings})" if bindings else ""))
+    print(err.render(), file=sys.stderr, flush=True)
+    totals["failed"] += 1
 
 
 def _warn_if_worse(name: str, finished: TuningRecord | None, record: TuningRecord) -> None:
@@ -192,7 +214,7 @@ def _tune_instance(project, inst, graph, key: TuningKey, args):
         raise KeyboardInterrupt
     if default is None or default.makespan is None:
         reason = default.reason if default is not None else "interrupted before any trial"
-        raise KilnError(f"{inst.name}: the default options do not compile: {reason}")
+        raise _DefaultFails(f"{inst.name}: the default options do not compile: {reason}")
     rejected = [t for t in search.trials if t.makespan is None]
     chosen = default
     for trial in search.ranked()[:VERIFY_TRIES]:

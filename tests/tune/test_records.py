@@ -6,7 +6,6 @@ import pytest
 
 from kiln.errors import KilnError
 from kiln.tune.records import (
-    KEY_FIELDS,
     TuningKey,
     TuningRecord,
     cached_records,
@@ -26,7 +25,18 @@ KEY = dict(
 
 
 def record(**over) -> TuningRecord:
-    base = dict(KEY, knobs={"visa": {"tile_m": 64}}, default_cycles=200, tuned_cycles=100)
+    """A record as `kiln tune` writes one: every count in range."""
+    base = dict(
+        KEY,
+        knobs={"visa": {"tile_m": 64}},
+        default_cycles=200,
+        tuned_cycles=100,
+        trials=8,
+        rejected=1,
+        strategy="evolutionary",
+        seed=0,
+        budget=8,
+    )
     return TuningRecord(**{**base, **over})
 
 
@@ -78,42 +88,147 @@ def test_missing_file_is_empty_and_the_cache_sees_rewrites(tmp_path):
     assert cached_records(str(path))["gemm.large"].tuned_cycles == 90
 
 
-@pytest.mark.parametrize(
-    "line, found",
-    [
-        ("[1, 2, 3]", "found: a JSON list, not an object"),
-        ('{"graph": "g"}', "found: no 'instance', 'shape_set', 'dtype', 'machine'"),
-        ('{"instance": 3' + ', "%s": "x"' * 6 % KEY_FIELDS + "}", "found: 'instance' is 3, not"),
-        ("KNOBS{}", "found: 'trials' is 'many', not a whole number"),
-        ('KNOBS{"nostage": {"x": 1}}', "stage 'nostage': kiln tune tunes only visa, lir, schedule"),
-        ('KNOBS{"visa": {"vector_tile": "zz"}}', 'vector_tile is "zz", not a whole number from 0'),
-        ('KNOBS{"visa": {"vector_tile": -5}}', "visa.vector_tile is -5, not a whole number from 0"),
-        ('KNOBS{"visa": {"vector_tile": 99999999999999999999999}}', "to 16777216"),
-        ('KNOBS{"visa": {"reduce_split": 9}}', "reduce_split is 9, not a whole number from 1 to 8"),
-        ('KNOBS{"visa": {"tile_q": 8}}', "tile_q is not one kiln tune sets; visa knobs: tile_m"),
-        ('KNOBS{"lir": {"double_buffer": "yes"}}', 'lir.double_buffer is "yes", not true or false'),
-        ('KNOBS{"schedule": {"policy": "nosuch"}}', "not 'critical-path' or 'in-order'"),
-        ('KNOBS{"visa": [1]}', "found: knobs of stage 'visa' must be a mapping of option -> value"),
-    ],
-)  # fmt: skip
-def test_a_damaged_record_says_what_is_wrong_in_the_records_words(tmp_path, line, found):
+DROP = object()  # a key taken out of the record
+
+
+def damaged(tmp_path, change) -> KilnError:
+    """The error reading a file of one good record and, on line 2, ``change``: a raw
+    line, or the good record with keys set (or taken out with DROP)."""
     path = tmp_path / "tuning.jsonl"
     write_records(path, {"gemm.large": record()})
     good = path.read_text()
-    if line.startswith("KNOBS"):
+    if isinstance(change, str):
+        line = change
+    else:
         data = json.loads(good)
-        if line == "KNOBS{}":
-            data["trials"] = "many"
-        else:
-            data["knobs"] = json.loads(line[len("KNOBS") :])
+        for name, value in change.items():
+            if value is DROP:
+                del data[name]
+            else:
+                data[name] = value
         line = json.dumps(data)
     path.write_text(good + line + "\n")
     with pytest.raises(KilnError) as info:
         read_records(path)
     text = info.value.render()
     assert text.startswith(f"{path}:2:1: error: a tuning record cannot be read"), text
-    assert found in text
     assert "pop expected" not in text and "__init__" not in text
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "change, found",
+    [
+        ("[1, 2, 3]", "found: a JSON list, not an object"),
+        ('{"graph": "g"}', "found: no 'instance', 'shape_set', 'dtype', 'machine'"),
+        ({"instance": 3}, "found: 'instance' is 3, not a string"),
+        ({"trials": "many"}, "found: 'trials' is 'many', not a whole number, 1 or more"),
+        # every key a record is written with is needed: without its knobs a record
+        # would claim a speed-up the build never applies
+        ({"knobs": DROP}, "found: no 'knobs'"),
+        ({"default_cycles": DROP, "speedup": DROP}, "found: no 'default_cycles', 'speedup'"),
+        ({"tuned_cycles": DROP}, "found: no 'tuned_cycles'"),
+        ({"trials": DROP, "rejected": DROP}, "found: no 'trials', 'rejected'"),
+        ({"budget": DROP}, "found: no 'budget'"),
+        ({"seed": DROP}, "found: no 'seed'"),
+        ({"strategy": DROP}, "found: no 'strategy'"),
+        ({"speedup": DROP}, "found: no 'speedup'"),
+        ({"bogus": 1}, "found: unexpected keys ['bogus']"),
+        # values no search gives
+        ({"trials": -1}, "found: 'trials' is -1, not a whole number, 1 or more"),
+        ({"trials": 2.0}, "found: 'trials' is 2.0, not a whole number, 1 or more"),
+        ({"rejected": -1}, "found: 'rejected' is -1, not a whole number, 0 or more"),
+        ({"tuned_cycles": -5}, "found: 'tuned_cycles' is -5, not a whole number, 1 or more"),
+        ({"default_cycles": 0}, "'default_cycles' is 0, not a whole number, 1 or more"),
+        ({"budget": 0}, "found: 'budget' is 0, not a whole number, 1 or more"),
+        ({"seed": True}, "found: 'seed' is True, not a whole number, 0 or more"),
+        ({"strategy": "best"}, "'strategy' is 'best', not one of grid, random, evolutionary"),
+        ({"complete": "no"}, "found: 'complete' is 'no', not true or false"),
+        (
+            {"tuned_cycles": 300, "speedup": 0.6667},
+            "found: 'tuned_cycles' is 300, more than 'default_cycles' (200): "
+            "a record is never slower than the defaults",
+        ),
+        ({"trials": 9}, "'trials' is 9, more than 'budget' (8): a search stops at its budget"),
+        ({"rejected": 8}, "found: 'rejected' is 8, not fewer than 'trials' (8)"),
+        ({"speedup": "fast"}, "'speedup' is 'fast', not default_cycles / tuned_cycles (200 / 100"),
+        ({"speedup": 3.0}, "'speedup' is 3.0, not default_cycles / tuned_cycles (200 / 100 = 2.0"),
+        ({"speedup": float("nan")}, "found: 'speedup' is nan, not default_cycles"),
+        ({"speedup": True}, "found: 'speedup' is True, not default_cycles"),
+    ],
+)
+def test_a_damaged_record_says_what_is_wrong_in_the_records_words(tmp_path, change, found):
+    err = damaged(tmp_path, change)
+    assert found in err.render(), err.render()
+    if isinstance(change, str):
+        key = {"[1, 2, 3]": None}.get(change, "instance")
+    else:
+        key = next(iter(change))
+    assert err.location.key_path == key
+    if key is not None:
+        assert f"\n  at key: {key}\n" in err.render()
+
+
+@pytest.mark.parametrize(
+    "knobs, key, found",
+    [
+        ({"nostage": {"x": 1}}, "nostage", "stage 'nostage': kiln tune tunes only visa, lir"),
+        ({"visa": {"vector_tile": "zz"}}, "visa.vector_tile", 'is "zz", not a whole number from 0'),
+        (
+            {"visa": {"vector_tile": -5}},
+            "visa.vector_tile",
+            "is -5, not a whole number from 0",
+        ),
+        ({"visa": {"vector_tile": 99999999999999999999999}}, "visa.vector_tile", "to 16777216"),
+        (
+            {"visa": {"reduce_split": 9}},
+            "visa.reduce_split",
+            "9, not a whole number from 1 to 8",
+        ),
+        ({"visa": {"tile_q": 8}}, "visa.tile_q", "tile_q is not one kiln tune sets; visa knobs:"),
+        ({"lir": {"double_buffer": "yes"}}, "lir.double_buffer", 'is "yes", not true or false'),
+        ({"schedule": {"policy": "x"}}, "schedule.policy", "not 'critical-path' or 'in-order'"),
+        (
+            {"visa": [1]},
+            "visa",
+            "knobs of stage 'visa' must be a mapping of option -> value",
+        ),
+        ([1], "", "found: 'knobs' must be a mapping of stage -> options"),
+    ],
+)
+def test_a_bad_knob_is_named_by_its_key_path(tmp_path, knobs, key, found):
+    err = damaged(tmp_path, {"knobs": knobs})
+    assert found in err.render(), err.render()
+    assert err.location.key_path == "knobs" + (f".{key}" if key else "")
+
+
+def test_every_record_kiln_tune_has_written_is_read_back(tmp_path):
+    """The first format (no ``complete``), an interrupted record, and one line as
+    `kiln tune` wrote it before the reader checked every key: all still read."""
+    path = tmp_path / "tuning.jsonl"
+    first = (
+        '{"budget":16,"compiler":"c1","default_cycles":62108,"dtype":"f32","graph":"g",'
+        '"instance":"transpose.large","knobs":{"schedule":{"policy":"in-order"},'
+        '"visa":{"vector_tile":65536}},"machine":"m1","options":"o1","rejected":0,"seed":0,'
+        '"shape_set":"large","speedup":2.8521,"strategy":"evolutionary","trials":16,'
+        '"tuned_cycles":21776}'
+    )
+    partial = record(instance="gemm.small", trials=3, budget=64, complete=False)
+    path.write_text(first + "\n" + partial.to_line() + "\n")
+    got = read_records(path)
+    assert got["transpose.large"].speedup == pytest.approx(2.8521, abs=1e-4)
+    assert got["transpose.large"].knobs["visa"] == {"vector_tile": 65536}
+    assert got["gemm.small"] == partial and not got["gemm.small"].complete
+    one = record(default_cycles=7, tuned_cycles=3, rejected=0, trials=1)  # 2.3333x
+    write_records(path, {"gemm.large": one})
+    assert read_records(path) == {"gemm.large": one}
+
+
+def test_the_strategies_a_record_may_name_are_the_searchs():
+    from kiln.tune.records import STRATEGIES
+    from kiln.tune.search import STRATEGIES as SEARCHED
+
+    assert STRATEGIES == SEARCHED
 
 
 def test_every_knob_the_search_can_choose_is_a_valid_record_knob():

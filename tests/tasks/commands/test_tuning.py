@@ -195,27 +195,33 @@ def test_an_interrupted_record_is_applied_but_tuned_again(project, monkeypatch, 
 def test_a_forced_tune_that_finds_less_says_what_it_replaced(project):
     run_kiln(project, "tune", "vector_add", "--budget", "4", "--seed", "1", check=True)
     line = json.loads((project / "tuning.jsonl").read_text())
-    line.update(tuned_cycles=1, budget=500)  # as if a long search had found more
+    # as if a long search had found more
+    line.update(tuned_cycles=1, budget=500, speedup=line["default_cycles"])
     (project / "tuning.jsonl").write_text(json.dumps(line) + "\n")
     again = run_kiln(project, "tune", "vector_add", "--budget", "1", "--force", check=True)
     assert "warning: vector_add.small: the new record (" in again.stderr
     assert "budget 1) replaces a faster one (1 cycles, budget 500)" in again.stderr
 
 
+def made_record(name: str, knobs: dict):
+    """A record as `kiln tune` writes one (its key matches nothing: stale)."""
+    from kiln.tune.records import TuningRecord
+
+    key = dict(graph="g", shape_set="small", dtype="f32", machine="m", options="o", compiler="c")
+    counts = dict(default_cycles=900, tuned_cycles=300, trials=64, rejected=2, budget=64)
+    return TuningRecord(instance=name, knobs=knobs, strategy="grid", **key, **counts)
+
+
 def test_show_piped_never_cuts_instance_names_or_knobs(project):
-    from kiln.tune.records import TuningRecord, write_records
+    from kiln.tune.records import write_records
 
     knobs = {
         "lir": {"double_buffer": True},
         "schedule": {"policy": "in-order"},
         "visa": {"fusion": False, "reduce_split": 4, "vector_tile": 65536},
     }
-    key = dict(graph="g", shape_set="small", dtype="f32", machine="m", options="o", compiler="c")
     names = ["vector_add.small", "softmax.small", "gemm.small", "gemm.wide"]
-    write_records(
-        project / "tuning.jsonl",
-        {n: TuningRecord(instance=n, knobs=knobs, **key) for n in names},
-    )
+    write_records(project / "tuning.jsonl", {n: made_record(n, knobs) for n in names})
     show = run_kiln(project, "tune", "--show", check=True)
     assert "…" not in show.stdout
     for name in names:
@@ -230,15 +236,11 @@ def test_show_on_a_narrow_terminal_folds_and_never_cuts(project, monkeypatch, ca
     import re
 
     from kiln import cli
-    from kiln.tune.records import TuningRecord, write_records
+    from kiln.tune.records import write_records
 
     knobs = {"lir": {"double_buffer": True}, "visa": {"reduce_split": 4, "vector_tile": 65536}}
-    key = dict(graph="g", shape_set="small", dtype="f32", machine="m", options="o", compiler="c")
     names = ["vector_add.small", "softmax.small", "gemm.small", "gemm.wide"]
-    write_records(
-        project / "tuning.jsonl",
-        {n: TuningRecord(instance=n, knobs=knobs, **key) for n in names},
-    )
+    write_records(project / "tuning.jsonl", {n: made_record(n, knobs) for n in names})
     monkeypatch.chdir(project)
     monkeypatch.setenv("KILN_CACHE_DIR", str(project / ".cache"))
     for columns in (80, 40):
@@ -278,3 +280,88 @@ def test_a_directory_where_the_records_go_stops_a_build_too(project):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "tuning.jsonl: error: cannot read the tuning records" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_record_of_the_wrong_shape_is_an_error_for_every_command_that_reads_it(project):
+    run_kiln(project, "tune", "vector_add", "--budget", "4", "--seed", "1", check=True)
+    good = json.loads((project / "tuning.jsonl").read_text())
+    damages = [
+        # without its knobs the record claimed a speed-up the build never applied
+        ("knobs", None, "found: no 'knobs'"),
+        ("default_cycles", None, "found: no 'default_cycles'"),
+        ("trials", -1, "found: 'trials' is -1, not a whole number, 1 or more"),
+        ("speedup", "fast", "found: 'speedup' is 'fast', not default_cycles / tuned_cycles"),
+    ]
+    for key, value, found in damages:
+        line = {k: v for k, v in good.items() if k != key or value is not None}
+        if value is not None:
+            line[key] = value
+        (project / "tuning.jsonl").write_text(json.dumps(line) + "\n")
+        for command in (["compile"], ["status"], ["tune"], ["tune", "--show"]):
+            proc = run_kiln(project, *command, "vector_add")
+            text = proc.stdout + proc.stderr
+            assert proc.returncode == 2, (command, text)
+            assert "tuning.jsonl:1:1: error: a tuning record cannot be read" in proc.stderr
+            assert f"  at key: {key}\n" in proc.stderr and found in proc.stderr, proc.stderr
+            assert "Traceback" not in text and "applied" not in text and "current" not in text
+    (project / "tuning.jsonl").write_text(json.dumps(good) + "\n")  # as kiln tune wrote it
+    assert "current" in run_kiln(project, "tune", "vector_add", check=True).stdout
+
+
+HALVES = """\
+from kiln import Tensor, device
+
+
+@device
+def halves(x: Tensor["N"]):
+    return x.reshape(2, -1).sum(axis=0)
+"""
+
+
+def test_an_instance_that_fails_to_build_does_not_stop_the_tuning(project):
+    (project / "kernels" / "halves.py").write_text(HALVES)
+    pipeline = project / "pipeline.yaml"
+    entry = "kernels:\n  halves:\n    shapes:\n      odd: {N: 63}\n      even: {N: 64}\n"
+    pipeline.write_text(pipeline.read_text().replace("kernels:\n", entry, 1))
+    proc = run_kiln(project, "tune", "halves", "vector_add", "--budget", "2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    # said once, naming the instance as a build does
+    assert proc.stderr.count("error: reshape: cannot reshape a tensor of shape (63,)") == 1
+    assert "  note: while running stage 'trace' of halves.odd (N=63)\n" in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:-1]] == ["halves.even", "vector_add.small"]
+    assert lines[-1] == "kiln tune: 2 tuned, 0 current, 1 failed, 4 trials; records in tuning.jsonl"
+    assert sorted(records(project)) == ["halves.even", "vector_add.small"]
+    quiet = run_kiln(project, "-q", "tune", "halves", "vector_add", "--budget", "2")
+    assert quiet.returncode == 1
+    assert quiet.stdout.splitlines() == [
+        "kiln tune: 0 tuned, 2 current, 1 failed, 0 trials; records in tuning.jsonl"
+    ]
+    assert "while running stage 'trace' of halves.odd (N=63)" in quiet.stderr
+
+
+def test_an_instance_whose_defaults_do_not_compile_fails_alone(project, monkeypatch, capsys):
+    from kiln import cli
+    from kiln.tune.evaluate import Trial
+    from kiln.tune.search import Search
+
+    priced = Search.run
+
+    def refused(search):
+        if any(node.op == "matmul" for node in search.context.graph.nodes):  # gemm
+            return priced(search)
+        search.trials = [Trial((0,) * len(search.knobs), None, "no tile fits SRAM")]
+        return search.trials
+
+    monkeypatch.setattr(Search, "run", refused)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(project / ".cache"))
+    assert cli.main(["tune", "gemm", "vector_add", "--budget", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert err.count("error: vector_add.small: the default options do not compile: no tile") == 1
+    assert "  note: while tuning vector_add.small (N=256)\n" in err
+    assert out.splitlines()[-1] == (
+        "kiln tune: 2 tuned, 0 current, 1 failed, 4 trials; records in tuning.jsonl"
+    )
+    assert sorted(records(project)) == ["gemm.small", "gemm.wide"]
