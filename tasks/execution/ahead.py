@@ -7,8 +7,10 @@ tasks are stale, in doit's order, and submits their chains to the build's
 executor: a ``ProcessPoolExecutor`` for ``kiln compile -n N``, a Dask
 client for a cluster. Each action then takes its chain's result from its
 future and writes it; doit still decides what is stale, and no action
-returns before its files are written. A dead worker (``BrokenProcessPool``)
-or a lost cluster costs one warning: the rest builds here.
+returns before its files are written. A lost cluster costs one warning: the
+rest builds here. A dead pool worker costs one warning too: the pool builds
+the chains it may have been running again, each alone in a fresh process
+(pool.py), and a chain that kills that one as well fails as its instance.
 
 Plain ``doit -n N`` never gets here: ``start`` is only called by Kiln's own
 build command, so doit's process runner children build their chains inline.
@@ -34,7 +36,7 @@ from kiln.tasks.chain.instance_spec import (
     batch_to_wire,
     source_digests,
 )
-from kiln.tasks.execution.chain_worker import decode_result
+from kiln.tasks.execution.chain_worker import WorkerDied, decode_result
 
 log = get_logger("tasks")
 CLOSE_WAIT = 30  # seconds the build waits for a Dask client (and LocalCluster) starting
@@ -337,14 +339,21 @@ def register_tasks(tasks: list) -> None:
 def result_for(
     spec: InstanceSpec, sources: dict[str, str], known
 ) -> tuple[ChainResult | None, int]:
-    """The chain's result from the build's executor; (None, 0): build it here."""
+    """The chain's result from the build's executor; (None, 0): build it here.
+
+    KilnError for a chain that killed the process building it, alone: built
+    here, it would kill the build.
+    """
     current = _plan
     if current is None or current.lost:
         return None, 0
     taken = current.take(spec, sources, known)
     if taken is None:
         return None, 0
-    return current.result(taken)
+    try:
+        return current.result(taken)
+    except WorkerDied as died:
+        raise KilnError(f"the worker building {spec.instance} {died}", hint=died.hint) from None
 
 
 def finish() -> None:

@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -104,9 +105,60 @@ def encode_result(result: ChainResult) -> bytes:
     )
 
 
+# what a process dies of when its own code crashes (the rest come from outside)
+CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT}
+
+
+class WorkerDied(Exception):
+    """The process building a chain ended before it answered (a signal, an exit).
+
+    Only a chain already built again alone, in a fresh process of its own
+    (tasks/execution/pool.py), answers so: it fails as its instance, never
+    to be built in the build process, which it would kill too.
+    """
+
+    def __init__(self, exitcode: int):
+        self.exitcode = exitcode
+        super().__init__(how_it_ended(exitcode))
+
+    @property
+    def hint(self) -> str:
+        if self.exitcode == -signal.SIGKILL:
+            return "SIGKILL comes from outside the process, most often the out-of-memory killer"
+        if -self.exitcode in CRASH_SIGNALS:
+            return (
+                "a stage crashed the process (native code?): "
+                "PYTHONFAULTHANDLER=1 prints the Python stack where it died"
+            )
+        if self.exitcode < 0:
+            return "the signal came from outside the process, or a stage sent it"
+        return "a stage ended the process (os._exit?)"
+
+
+def how_it_ended(exitcode: int) -> str:
+    """'died of SIGSEGV (signal 11)' or 'exited with code 7' (multiprocessing's exitcode)."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            return f"died of signal {-exitcode}"
+        return f"died of {name} (signal {-exitcode})"
+    return f"exited with code {exitcode} before it answered"
+
+
+def encode_death(exitcode: int) -> bytes:
+    """The answer for a chain whose own process died: decode_result raises WorkerDied."""
+    return msgpack.packb({"died": exitcode})
+
+
 def decode_result(data: bytes) -> tuple[ChainResult | None, int, str | None]:
-    """(result, worker pid, refusal): result None when the chain failed or was refused."""
+    """(result, worker pid, refusal): result None when the chain failed or was refused.
+
+    Raises WorkerDied for a chain that killed a process of its own (encode_death).
+    """
     d = msgpack.unpackb(data, raw=False)
+    if "died" in d:
+        raise WorkerDied(int(d["died"]))
     if "refused" in d:
         return None, 0, d["refused"]
     if "failed" in d:
@@ -124,8 +176,6 @@ def decode_result(data: bytes) -> tuple[ChainResult | None, int, str | None]:
 
 def pool_worker_setup() -> None:
     """A pool worker ignores Ctrl-C: the build handles it and shuts the pool down."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the pool's parent
 
@@ -141,8 +191,6 @@ def dask_setup(worker) -> None:
     everything they return, so when the three share too few cores it is
     the one the build waits on, and a worker ahead of it only adds to its backlog.
     """
-    import signal
-
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
