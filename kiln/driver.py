@@ -21,14 +21,15 @@ import hashlib
 import importlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
 from kiln.cache.action import action_key
-from kiln.errors import KilnError
+from kiln.errors import KilnError, environment_error
 from kiln.options import build_options
 
 # What a stage module may declare in CAPABILITIES (instead of being probed):
@@ -216,13 +217,62 @@ class ChainResult:
 
 
 class StageFailed(Exception):
-    """A stage refused its input or options: ``error`` is the user-facing diagnostic."""
+    """A stage refused its input or options, or its code broke: ``error`` is the
+    user-facing diagnostic."""
 
-    def __init__(self, stage: StageSpec, error: KilnError, *, options: bool = False):
+    def __init__(
+        self,
+        stage: StageSpec,
+        error: KilnError,
+        *,
+        options: bool = False,
+        crash: BaseException | None = None,
+    ):
         super().__init__(error.message)
         self.stage = stage
         self.error = error
         self.options = options  # the stage's options themselves were rejected
+        self.crash = crash  # what the stage's code raised that is not a KilnError
+
+
+def stage_code_error(name: str, module: str, doing: str, exc: BaseException) -> KilnError:
+    """What a stage module's own code raised, as a diagnostic naming the stage and module:
+    a ``sys.exit()`` (which would end the whole build, often with status 0) or a bug."""
+    from kiln.lang.errors import frame_location, is_library_file
+
+    where = frame_location(exc.__traceback__)  # the stage's own line, when it is user code
+    if where is not None and is_library_file(where.file):
+        where = None
+    if isinstance(exc, SystemExit):
+        return KilnError(
+            f"stage {name!r} ({module}) called sys.exit({exc.code!r}) {doing}",
+            where,
+            hint="a stage must not exit; raise kiln.errors.StageError to report a problem",
+        )
+    return KilnError(
+        f"stage {name!r} ({module}) failed {doing}: {type(exc).__name__}: {exc}",
+        where,
+        hint="set KILN_DEBUG=1 for the full traceback",
+    )
+
+
+@contextmanager
+def _stage_code(spec: StageSpec, doing: str) -> Iterator[None]:
+    """Whatever the stage module's code raises fails that stage (StageFailed), by name.
+
+    KeyboardInterrupt goes on: the user stops the build, not the stage.
+    """
+    try:
+        yield
+    except StageFailed:
+        raise
+    except KilnError as err:
+        raise StageFailed(spec, err) from None
+    except OSError as exc:  # a full disk, a permission: what to do about it, and where
+        raise StageFailed(spec, environment_error(exc)) from None
+    except (SystemExit, Exception) as exc:
+        error = stage_code_error(spec.name, spec.module, doing, exc)
+        raise StageFailed(spec, error, crash=exc) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +386,8 @@ def run_chain(
             result.records.append(old)
             ir = None
         else:
-            stage = Stage.load(spec.module)
+            with _stage_code(spec, "when imported"):
+                stage = Stage.load(spec.module)
             if ir is None:
                 ir = _input_ir(chain, previous, result, load)
             started = time.time()
@@ -425,7 +476,8 @@ def _input_ir(
             f"the {previous.name} artifact of {chain.instance} disappeared during the build",
             hint="run the build again",
         )
-    return Stage.load(previous.module).decode(data, previous.artifact)
+    with _stage_code(previous, "reading its artifact back"):
+        return Stage.load(previous.module).decode(data, previous.artifact)
 
 
 def _run_stage(
@@ -443,13 +495,17 @@ def _run_stage(
     Returns its IR, its artifact's bytes and the paths of its other files.
     """
     module = stage.module
-    try:
-        options = build_options(module.Options, json.loads(options_json), spec.name)
-    except KilnError as err:
-        raise StageFailed(spec, err, options=True) from None
-    try:
+    with _stage_code(spec, "building its Options"):
+        try:
+            options = build_options(module.Options, json.loads(options_json), spec.name)
+        except KilnError as err:
+            raise StageFailed(spec, err, options=True) from None
+    with _stage_code(spec, "in run()"):
         out, side = stage.run(ir, options, machine)
-        if spec is chain.stages[-1] and METADATA in stage.capabilities:
+    if out is None:
+        raise StageFailed(spec, _returned_none(stage, spec))
+    if spec is chain.stages[-1] and METADATA in stage.capabilities:
+        with _stage_code(spec, "recording the binary's metadata"):
             out = out.with_metadata(
                 {
                     "source": {"kernel": chain.build.kernel, "shapes": chain.build.shapes},
@@ -459,11 +515,12 @@ def _run_stage(
                     },
                 }
             )
+    with _stage_code(spec, "in verify()"):
         module.verify(out, machine)
+    with _stage_code(spec, "in serialize()"):
         data = module.serialize(out)
+    with _stage_code(spec, "writing its dumps"):
         files = dict(_dumps(module, spec, out, machine))
-    except KilnError as err:
-        raise StageFailed(spec, err) from None
     directory = spec.artifact.rpartition("/")[0]
     for name, side_data in side.items():
         files[f"{directory}/{name}" if directory else name] = side_data
@@ -471,6 +528,20 @@ def _run_stage(
     result.artifacts.add(spec.artifact)
     result.files.update(files)
     return out, data, tuple(sorted(files))
+
+
+def _returned_none(stage: Stage, spec: StageSpec) -> KilnError:
+    """A stage's entry function that returned nothing: an error at its ``def`` line."""
+    from kiln.lang.errors import def_location
+
+    name = "run_with_side_artifacts" if SIDE_ARTIFACTS in stage.capabilities else "run"
+    entry = getattr(stage.module, name)
+    return KilnError(
+        f"stage {spec.name!r} ({spec.module}) returned None from {name}()",
+        def_location(entry) if hasattr(entry, "__code__") else None,
+        expected="the stage's output IR, which its verify() and serialize() take",
+        hint="return the result at the end of run()",
+    )
 
 
 def _dumps(module, spec: StageSpec, out, machine: dict) -> dict[str, bytes]:
@@ -483,9 +554,15 @@ def _dumps(module, spec: StageSpec, out, machine: dict) -> dict[str, bytes]:
     found: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-dumps-") as scratch:
         for kind, path in spec.dumps:
+            writer = getattr(module, "DUMPS", {}).get(kind)
+            if writer is None:  # the loader checks this; the stage module changed since
+                raise KilnError(
+                    f"stage {spec.name!r} ({spec.module}) writes no {kind!r} dump",
+                    expected=f"a {kind!r} entry in its DUMPS",
+                )
             target = Path(scratch) / path
             target.parent.mkdir(parents=True, exist_ok=True)
-            module.DUMPS[kind](out, target, machine)
+            writer(out, target, machine)
             if target.is_dir():  # a dump may be a directory (the summary)
                 for file in sorted(target.rglob("*")):
                     if file.is_file():
@@ -506,9 +583,12 @@ def lower(
     benchmarks. The stages of a build go through ``run_chain``; both run a stage here
     (``Stage.run``), and options are checked the same way. Raises KilnError."""
     for module_name, options in steps:
-        stage = Stage.load(module_name)
         name = module_name.rsplit(".", 1)[-1]
-        ir, _ = stage.run(ir, build_options(stage.module.Options, dict(options), name), machine)
-        if verify:
-            stage.module.verify(ir, machine)
+        try:
+            stage = Stage.load(module_name)
+            ir, _ = stage.run(ir, build_options(stage.module.Options, dict(options), name), machine)
+            if verify:
+                stage.module.verify(ir, machine)
+        except SystemExit as exc:  # would end the tuner or the benchmark, often with status 0
+            raise stage_code_error(name, module_name, "while lowering", exc) from None
     return ir

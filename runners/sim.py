@@ -212,7 +212,7 @@ class SimRunner(Runner):
             raise TargetError(
                 f"{artifacts.name}: the sim target runs EDF binaries, and this pipeline has no "
                 "edf stage",
-                hint="end `stages:` with {name: edf, module: kiln.stages.edf}",
+                hint="add the row {name: edf, module: kiln.stages.edf} to `stages:`",
             )
         where = str(artifacts.edf)
         try:

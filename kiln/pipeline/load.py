@@ -358,7 +358,8 @@ def _check_stage_kinds(stages: list[dict[str, Any]], smap: Positions, root: Path
         source = source or ""
         artifact = re.search(_STAGE_CONSTANT.format(name="ARTIFACT"), source, re.M)
         # A library module that is no stage is a mistake; a module of the project
-        # without ARTIFACT may be a stage in the making: its task says what is missing.
+        # without ARTIFACT may be a stage in the making: the stage check that imports
+        # it (tasks/model/options_check.py, cached by its code) says what is missing.
         library = stdlib or any(d in (origin or "") for d in ("site-packages", "dist-packages"))
         if library and artifact is None:
             raise smap.error(

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kiln.errors import KilnError, TargetError
-from kiln.tasks.model.artifacts import stage_artifact
+from kiln.tasks.model.artifacts import binary_stage, stage_artifact
 from kiln.tasks.model.importpath import add_project_root
 from kiln.tasks.model.project import KernelInstance, Project
 
@@ -27,11 +27,9 @@ def kernel_artifacts(project: Project, inst: KernelInstance):
     from kiln.runners.base import KernelArtifacts
     from kiln.stages.trace import read as read_graph
 
-    stages = project.pipeline.stages
-    graph = read_graph(Path(stage_artifact(inst, stages[0].module)))
-    edf = None
-    if stages[-1].name == "edf":
-        edf = Path(stage_artifact(inst, stages[-1].module))
+    graph = read_graph(Path(stage_artifact(inst, project.pipeline.stages[0].module)))
+    binary = binary_stage(project)
+    edf = Path(stage_artifact(inst, binary.module)) if binary is not None else None
     return KernelArtifacts(inst.name, graph, inst.out_dir, edf, load_function(project, inst))
 
 

@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-from kiln.errors import KilnError
 from kiln.tasks.chain.instance_spec import ExecutorSettings
 from kiln.tasks.dag.doit_commands import KilnDoitMain
 from kiln.tasks.dag.loader import KilnLoader, doit_command, lock_for_command
@@ -18,6 +17,7 @@ from kiln.tasks.execution import ahead
 from kiln.tasks.execution.executor import resolve_executor
 from kiln.tasks.model.artifacts import DUMP_FILES, stage_artifact
 from kiln.tasks.model.importpath import add_project_root
+from kiln.tasks.model.options_check import dump_problem
 from kiln.tasks.model.project import KernelInstance, Project
 
 
@@ -108,14 +108,12 @@ def write_dump(project: Project, inst: KernelInstance, kind: str, path: Path) ->
 
         dump_mlir(kernel_artifacts(project, inst).graph, path)
         return
+    problem = dump_problem(project, kind)
+    if problem is not None:
+        problem.message = f"--dump-{kind}: {problem.message}"
+        raise problem
     owner, _ = DUMP_FILES[kind]
-    stage = next((s for s in project.pipeline.stages if s.name == owner), None)
-    if stage is None:
-        raise KilnError(
-            f"--dump-{kind} needs the {owner!r} stage, which this pipeline does not run",
-            expected=f"a row named {owner!r} in stages:",
-            found=", ".join(s.name for s in project.pipeline.stages),
-        )
+    stage = next(s for s in project.pipeline.stages if s.name == owner)
     add_project_root(project.root)
     module = importlib.import_module(stage.module)
     ir = module.read(Path(stage_artifact(inst, stage.module)))

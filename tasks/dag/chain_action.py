@@ -52,13 +52,17 @@ def build_instance(spec: InstanceSpec):
         err = failed.error
         if err.location is None:
             kernel = spec.instance.split(".")[0]
-            keys = (
-                _options_key_paths(spec, failed.stage.name)
-                if failed.options
-                else [f"kernels.{kernel}"]
-            )
-            if failed.options or isinstance(err, StageError):
+            if failed.options:
+                keys = _options_key_paths(spec, failed.stage.name)
+            elif failed.crash is not None:  # the stage's code, at its row
+                keys = [f"stages[{_row(spec, failed.stage.name)}].module"]
+            else:
+                keys = [f"kernels.{kernel}"]
+            if failed.options or failed.crash is not None or isinstance(err, StageError):
                 err.location = _pipeline_location(spec, keys)
+        if failed.crash is not None and os.environ.get("KILN_DEBUG"):
+            err.hint = None
+            err.notes.append("".join(traceback.format_exception(failed.crash)))
         err.notes.append(f"while running stage {failed.stage.name!r} of {where}")
         return failure(err)
     except KilnError as err:
@@ -267,9 +271,13 @@ def _bindings(spec: InstanceSpec) -> str:
 def _options_key_paths(spec: InstanceSpec, stage: str) -> list[str]:
     """Where the failing stage's options are written: the kernel's override, then the row."""
     kernel = spec.instance.split(".")[0]
+    return [f"kernels.{kernel}.options.{stage}", f"stages[{_row(spec, stage)}].options"]
+
+
+def _row(spec: InstanceSpec, stage: str) -> int:
+    """The index in pipeline.yaml's ``stages:`` of the chain's stage named ``stage``."""
     names = [s.name for s in spec.chain.stages]
-    row = spec.stage_rows[names.index(stage)] if stage in names and spec.stage_rows else 0
-    return [f"kernels.{kernel}.options.{stage}", f"stages[{row}].options"]
+    return spec.stage_rows[names.index(stage)] if stage in names and spec.stage_rows else 0
 
 
 def _pipeline_location(spec: InstanceSpec, key_paths: list[str]) -> Location | None:

@@ -7,15 +7,17 @@ from pathlib import Path
 
 from kiln.errors import KilnError
 from kiln.tasks.checks.verdicts import check_instance, default_targets, format_report
-from kiln.tasks.model.artifacts import stage_artifact
+from kiln.tasks.model.artifacts import binary_stage, stage_artifact
 from kiln.tasks.model.digest import ConfigStamps, digest_json
 from kiln.tasks.model.project import Project
 
 
 def test_tasks(project: Project, instances=None):
     """doit tasks ``test:<instance>@<target>``: a JSON report per pair, failing on mismatch."""
-    last = project.pipeline.stages[-1]
-    first = project.pipeline.stages[0]
+    # what a check reads: the traced graph (for the oracle) and the binary (the edf row's
+    # artifact, wherever it is; without one, the last artifact: the chain is built)
+    stages = project.pipeline.stages
+    modules = {stages[0].module, (binary_stage(project) or stages[-1]).module}
     targets = default_targets(project)
     target_specs = {
         t.name: digest_json([t.runner, t.machine, sorted(t.options), t.tolerance])
@@ -26,7 +28,7 @@ def test_tasks(project: Project, instances=None):
     from kiln.tasks.checks.targets import instance_input_specs
 
     for inst in instances if instances is not None else project.instances:
-        deps = sorted({stage_artifact(inst, last.module), stage_artifact(inst, first.module)})
+        deps = sorted({stage_artifact(inst, module) for module in modules})
         tolerance = digest_json(project.pipeline.kernel(inst.kernel).tolerance)
         specs = instance_input_specs(project, inst)
         # an .npy file is a file_dep of its own; no inputs: the stamp of before

@@ -16,6 +16,16 @@ DUMP_FILES = {
 }
 
 
+# the row whose artifact the targets run (an EDF binary), wherever it is in ``stages:``:
+# rows after it may read it (a signature, a package)
+BINARY_STAGE = "edf"
+
+
+def binary_stage(project: Project):
+    """The pipeline's edf row (its StageSpec), or None when it has none."""
+    return next((s for s in project.pipeline.stages if s.name == BINARY_STAGE), None)
+
+
 def artifact_name(stage_module: str) -> str:
     """The artifact file a stage module writes (its ``ARTIFACT``)."""
     return stage_module_info(stage_module)[1]
