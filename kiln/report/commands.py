@@ -78,7 +78,10 @@ def _view(args: argparse.Namespace) -> int:
         from kiln.report.compare import compare, format_compare
 
         _check_compare_dir(project, args.compare)
-        diff = compare(Path(project.out_dir), args.compare, _selected_names(args, instances))
+        declared = {inst.name for inst in instances}
+        diff = compare(
+            Path(project.out_dir), args.compare, declared, _selected_names(args, instances)
+        )
         sys.stdout.write(format_compare(diff))
     with writing("-o/--output", out) if args.output is not None else nullcontext():
         size = write_report(project, instances, out, diff)

@@ -4,7 +4,9 @@ Both out dirs are scanned the same way (``<kernel>/<shapes>/kernel.sched``),
 so the other build need not come from this checkout: a CI artifact of the
 main branch works. Per kernel instance: cycles and instruction counts
 before/after with the change in percent, whether the binary's bytes
-changed, and which instances were added or removed.
+changed, and which instances were added or removed. This build's side is
+what its pipeline declares: a leftover build of a removed shape set (or of
+a JIT instance) is not "after".
 """
 
 from __future__ import annotations
@@ -43,14 +45,17 @@ def _change(before, after) -> float | None:
     return round(100.0 * (after - before) / before, 2)
 
 
-def compare(current: Path, other: Path, keep=None) -> dict:
+def compare(current: Path, other: Path, declared: set[str], keep=None) -> dict:
     """The diff of two out dirs: ``other`` is "before", ``current`` is "after".
 
-    ``keep(name)``, when given, says which instance names to compare (a selection).
+    Only the ``declared`` instances (this pipeline's selection) count as "after":
+    a leftover build in ``current`` of an instance the pipeline no longer
+    declares is "removed". ``keep(name)``, when given, says which instance names
+    of ``other`` to compare (a selection).
     """
-    now, then = scan(current), scan(other)
+    now = {k: v for k, v in scan(current).items() if k in declared}
+    then = scan(other)
     if keep is not None:
-        now = {k: v for k, v in now.items() if keep(k)}
         then = {k: v for k, v in then.items() if keep(k)}
     rows = []
     for name in sorted(set(now) & set(then)):

@@ -14,7 +14,7 @@ from pathlib import Path
 from kiln.report.layout import lir_graph, traced_graph
 from kiln.report.schedule_data import schedule_payload
 from kiln.summary import summarize
-from kiln.tasks.checks.results import instance_results, read_failures, read_json
+from kiln.tasks.checks.results import binary_digest, instance_results, read_failures, read_json
 from kiln.tasks.model.artifacts import stage_artifact
 from kiln.tasks.model.project import KernelInstance, Project
 
@@ -48,14 +48,18 @@ def collect(project: Project, instances: list[KernelInstance]) -> list[dict]:
 def _instance(project: Project, inst: KernelInstance, failure: dict | None) -> dict:
     paths = artifact_paths(project, inst)
     machine = project.kernel_machine(inst.kernel) or {}
+    binary = binary_digest(project, inst)
     row = {
         "name": inst.name,
         "kernel": inst.kernel,
         "shapes": inst.shape_set,
         "path": inst.source.path,
         "status": "not built",
-        "tests": _tests(inst.out_dir),
-        "bench": instance_results(inst.out_dir, "bench"),
+        "tests": _tests(inst.out_dir, binary),
+        "bench": {
+            target: {**r, "stale": _stale(r, binary)}
+            for target, r in instance_results(inst.out_dir, "bench").items()
+        },
     }
     detail: dict = {"name": inst.name, "dumps": _dumps(project, inst)}
     if failure:
@@ -126,13 +130,19 @@ def _node_map(visa_path: Path | None) -> list[int] | None:
     return doc.get("nodes") if isinstance(doc, dict) else None
 
 
-def _tests(out_dir: Path) -> dict[str, dict]:
-    """target -> {status, max_abs} of the last recorded test."""
+def _tests(out_dir: Path, binary: str | None) -> dict[str, dict]:
+    """target -> {status, max_abs, stale} of the last recorded test."""
     out = {}
     for target, r in instance_results(out_dir, "test").items():
         worst = max((c.get("max_abs", 0.0) or 0.0 for c in r.get("outputs", [])), default=None)
-        out[target] = {"status": r.get("status", "?"), "max_abs": worst}
+        out[target] = {"status": r.get("status", "?"), "max_abs": worst, "stale": _stale(r, binary)}
     return out
+
+
+def _stale(result: dict, binary: str | None) -> bool:
+    """Whether a recorded result ran on another binary than the instance's current one
+    (one that names none, a build error or a skip, is of no binary in particular)."""
+    return "binary" in result and result["binary"] != binary
 
 
 def _dumps(project: Project, inst: KernelInstance) -> list[str]:

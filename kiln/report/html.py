@@ -50,17 +50,23 @@ def _tests_cell(tests: dict) -> str:
     parts = []
     for target, t in sorted(tests.items()):
         err = f" {t['max_abs']:.1e}" if isinstance(t.get("max_abs"), int | float) else ""
-        parts.append(f'<span class="{_e(t["status"])}">{_e(target)}: {_e(t["status"])}{err}</span>')
+        cls = _e(t["status"]) + (" stale" if t.get("stale") else "")
+        parts.append(f'<span class="{cls}">{_e(target)}: {_e(t["status"])}{err}{_older(t)}</span>')
     return '<td class="text">' + "<br>".join(parts) + "</td>"
+
+
+def _older(result: dict) -> str:
+    """The mark of a result of an older build of the instance (another binary)."""
+    return " (older build)" if result.get("stale") else ""
 
 
 def _bench_cell(bench: dict) -> str:
     parts = []
     for target, row in sorted(bench.items()):
         if row.get("cycles") is not None:
-            parts.append(f"{_e(target)}: {row['cycles']} cycles")
+            parts.append(f"{_e(target)}: {row['cycles']} cycles{_older(row)}")
         elif row.get("median_ms") is not None:
-            parts.append(f"{_e(target)}: {row['median_ms']:.3g} ms")
+            parts.append(f"{_e(target)}: {row['median_ms']:.3g} ms{_older(row)}")
     return '<td class="text">' + "<br>".join(parts) + "</td>"
 
 

@@ -13,9 +13,14 @@ from kiln.report.html import render_page
 def write_report(project, instances, out: Path, diff: dict | None = None) -> int:
     """Write the report of ``instances`` to ``out`` atomically; returns its size in bytes."""
     page = render_report(project, instances, out, diff)
+    write_page(out, page)
+    return len(page)
+
+
+def write_page(out: Path, page: bytes) -> None:
+    """Write a rendered page to ``out`` atomically."""
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     write_output(Path(out), lambda p: write_bytes_atomic(p, page))
-    return len(page)
 
 
 def render_report(project, instances, out: Path, diff: dict | None = None) -> bytes:
@@ -63,17 +68,19 @@ def mark_out_of_date(entries: list[dict], g) -> None:
 
 
 def build_critical_path(g, records: list[dict]) -> list[str]:
-    """The chain of dependent tasks of the last build with the longest total duration."""
+    """The chain of dependent tasks of the last build with the longest total duration
+    (each task's own time included); empty when no task took any time."""
     import networkx as nx
 
     took = {r["task"]: max(r["end"] - r["start"], 0.0) for r in records}
     sub = nx.DiGraph(g.subgraph(took))
-    if not sub.number_of_nodes():
-        return []
+    # an edge weighs what its target took; one from a start node into every task counts
+    # the first task's own time too, so independent tasks compete by their durations
+    start = ("start",)
+    sub.add_edges_from([(start, task) for task in sub])
     for a, b in sub.edges:
         sub.edges[a, b]["took"] = took[b]
-    path = nx.dag_longest_path(sub, weight="took", default_weight=0)
-    return path
+    return nx.dag_longest_path(sub, weight="took", default_weight=0)[1:]
 
 
 def _profile_critical(path: list[str], profile: list[dict]) -> list[int]:

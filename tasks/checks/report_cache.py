@@ -22,7 +22,7 @@ import json
 
 from kiln.cache.action import action_key
 from kiln.fsutil import file_digest
-from kiln.tasks.model.artifacts import stage_artifact
+from kiln.tasks.model.artifacts import binary_stage, stage_artifact
 from kiln.tasks.model.digest import digest_json, stage_module_info
 
 REPORT_OUTPUT = "report"
@@ -109,8 +109,9 @@ def report_cache(
         return None
     stages = project.pipeline.stages
     files = {"graph": stage_artifact(inst, stages[0].module)}
-    if stages[-1].name == "edf":
-        files["binary"] = stage_artifact(inst, stages[-1].module)
+    binary = binary_stage(project)
+    if binary is not None:
+        files["binary"] = stage_artifact(inst, binary.module)
     try:
         inputs = {name: file_digest(path) for name, path in files.items()}
     except OSError:

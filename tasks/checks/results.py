@@ -3,6 +3,9 @@
 - ``<instance out dir>/test-<target>.json``: the last `kiln test` (or doit
   ``test:`` task) report of that instance on that target.
 - ``<instance out dir>/bench-<target>.json``: the last `kiln bench` row.
+
+  Both carry ``binary``, the sha256 of the artifact they ran (``binary_digest``):
+  a result of an older build of the instance is shown as such.
 - ``.kiln/results/failures.json``: instance -> the diagnostic of its last
   failed compile; an instance leaves it when its compile succeeds again.
 - ``.kiln/profile.json``: per task of the last build, start/end/worker/outcome.
@@ -16,7 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kiln.fsutil import write_bytes_atomic
+from kiln.fsutil import file_digest, write_bytes_atomic
+from kiln.tasks.model.artifacts import binary_stage, stage_artifact
 
 FAILURES = "results/failures.json"
 PROFILE = "profile.json"
@@ -40,6 +44,16 @@ def save_test_report(out_dir: Path, report: dict) -> None:
 
 def save_bench_row(out_dir: Path, row: dict) -> None:
     write_bytes_atomic(Path(out_dir) / f"bench-{row['target']}.json", _dump(row))
+
+
+def binary_digest(project, inst) -> str | None:
+    """sha256 of what ``inst``'s targets run (its edf stage's binary; without one, its last
+    stage's artifact); None while it is not built."""
+    stage = binary_stage(project) or project.pipeline.stages[-1]
+    try:
+        return file_digest(stage_artifact(inst, stage.module))
+    except OSError:
+        return None
 
 
 def instance_results(out_dir: Path, prefix: str) -> dict[str, dict]:

@@ -75,6 +75,7 @@ def check_instance(
     from kiln.compare import compare
     from kiln.runners.cpu import CpuRunner
     from kiln.tasks.checks.report_cache import report_cache
+    from kiln.tasks.checks.results import binary_digest
     from kiln.tasks.checks.targets import (
         instance_inputs,
         kernel_artifacts,
@@ -87,11 +88,18 @@ def check_instance(
     expected = inputs = oracle_error = None
     warnings: list[str] = []
     kernel_tolerance = project.pipeline.kernel(inst.kernel).tolerance
+    binary = binary_digest(project, inst)  # what `kiln view` tells a result of an older build by
     reports = []
     for target in targets:
         runner = make_runner(project, target)
         tolerance = merged_tolerance(project, target, kernel_tolerance)
-        report = {"kernel": inst.name, "path": inst.source.path, "target": target, "seed": seed}
+        report = {
+            "kernel": inst.name,
+            "path": inst.source.path,
+            "target": target,
+            "seed": seed,
+            "binary": binary,
+        }
         reason = ORACLE_ITSELF if is_oracle(project, target) else runner.unavailable()
         if reason:
             reports.append({**report, "status": "skipped", "reason": reason})

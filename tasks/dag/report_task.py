@@ -4,8 +4,11 @@ The report is fed by what builds, tests and benches recorded, not by the
 compile DAG: it builds nothing and runs whatever state the out dir is in
 (failed instances included). It reruns only when an input changed: a file
 in an instance's out dir (artifacts, side files, test and bench results),
-the recorded failures, or the report's own code. The build profile is not
-an input, or every no-op build would make the report stale.
+the recorded failures, what `kiln status` says of each compile task (a row
+is "out of date" after a kernel or pipeline.yaml edit), or the report's own
+code; or when ``report.html`` is not the page it wrote (`kiln view FILTER`
+writes its own page there). The build profile is not an input, or every
+no-op build would make the report stale.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 import kiln
+from kiln.fsutil import file_digest
 from kiln.tasks.checks.results import FAILURES
 from kiln.tasks.model.digest import stage_module_info
 from kiln.tasks.model.project import KernelInstance, Project
@@ -31,7 +35,7 @@ def report_tasks(project: Project, instances: list[KernelInstance] | None = None
     yield {
         "name": "html",
         "actions": [(_write, [pipeline, names, out])],
-        "uptodate": [(_inputs_unchanged, [pipeline, names])],
+        "uptodate": [(_unchanged, [pipeline, names, out])],
         "targets": [out],
         "clean": True,
         "doc": "write the build report (kiln view) of the selected kernels",
@@ -39,8 +43,14 @@ def report_tasks(project: Project, instances: list[KernelInstance] | None = None
 
 
 def inputs_digest(project: Project, instances: list[KernelInstance]) -> str:
-    """What the report reads, by path, mtime and size, and the report's own code."""
+    """What the report reads, by path, mtime and size, the report's own code, and the
+    compile tasks' status (`kiln status`), which decides the rows' status."""
+    from kiln.tasks.dag.status import explain
+
     h = hashlib.sha256(kiln.__version__.encode())
+    # first: a damaged artifact it finds is removed, which the file list below then lacks
+    for name, reasons in explain(project, instances):
+        h.update(f"{name}\0{reasons}\n".encode())
     h.update(stage_module_info("kiln.report.page")[0].encode())
     assets = resources.files("kiln.report").joinpath("assets")
     for asset in sorted(assets.iterdir(), key=lambda a: a.name):
@@ -66,7 +76,13 @@ def _load(pipeline: str, names: list[str]) -> tuple[Project, list[KernelInstance
     return project, [inst for inst in project.instances if inst.name in wanted]
 
 
-def _inputs_unchanged(task, values, pipeline: str, names: list[str]) -> bool:
+def _unchanged(task, values, pipeline: str, names: list[str], out: str) -> bool:
+    """Up to date while ``out`` holds the page this task wrote and its inputs are unchanged."""
+    try:
+        if values.get("page") != file_digest(out):
+            return False
+    except OSError:
+        return False
     project, instances = _load(pipeline, names)
     return values.get("inputs") == inputs_digest(project, instances)
 
@@ -74,15 +90,16 @@ def _inputs_unchanged(task, values, pipeline: str, names: list[str]) -> bool:
 def _write(pipeline: str, names: list[str], out: str):
     """Write the report; a problem comes back as the diagnostic `kiln view` prints, no traceback."""
     from kiln.errors import KilnError, environment_error
-    from kiln.report.page import write_report
+    from kiln.report.page import render_report, write_page
     from kiln.tasks.chain.task_failure import failure
 
     try:
         project, instances = _load(pipeline, names)
         digest = inputs_digest(project, instances)
-        write_report(project, instances, Path(out))
+        page = render_report(project, instances, Path(out))
+        write_page(Path(out), page)
     except KilnError as err:
         return failure(err)
     except OSError as exc:  # a directory where report.html goes, a full disk, permissions
         return failure(environment_error(exc))
-    return {"inputs": digest}
+    return {"inputs": digest, "page": hashlib.sha256(page).hexdigest()}

@@ -108,6 +108,26 @@ def test_compare_reports_changes_additions_and_removals(built: Path, tmp_path: P
     assert "softmax" not in only.stdout and "removed: gemm.gone" in only.stdout
 
 
+def test_compare_counts_a_leftover_of_an_undeclared_shape_set_as_removed(
+    built: Path, tmp_path: Path
+):
+    out_dir = built / "build" / "kiln" / "kernel"
+    leftover = out_dir / "gemm" / "huge"  # a shape set since removed from pipeline.yaml
+    shutil.copytree(out_dir / "gemm" / "small", leftover)
+    try:
+        other = tmp_path / "before"
+        shutil.copytree(out_dir, other)
+        proc = run_kiln(
+            built, "view", "--compare", str(other), "-o", str(tmp_path / "c.html"), check=True
+        )
+    finally:
+        shutil.rmtree(leftover)
+    compared = [x.split()[0] for x in proc.stdout.splitlines()[1:] if "%" in x]
+    assert compared == ["gemm.small", "gemm.wide", "softmax.small", "vector_add.small"]
+    assert "removed: gemm.huge" in proc.stdout
+    assert "kiln: 4 kernels compared, 0 with changed bytes, 0 added, 1 removed" in proc.stdout
+
+
 def test_compare_with_a_missing_dir_is_a_clear_error(built: Path, tmp_path: Path):
     proc = run_kiln(built, "view", "--compare", str(tmp_path / "nope"))
     assert proc.returncode == 2 and "is not a directory" in proc.stderr

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
 from kiln.report.data import collect
+from kiln.report.html import index_table
 from kiln.tasks.model.project import Project
 
 
@@ -39,3 +42,29 @@ def test_a_missing_artifact_reads_as_not_built(built: Path):
     finally:
         edf.write_bytes(saved)
         os.utime(edf, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_results_of_an_older_binary_are_marked_stale(built: Path):
+    project = Project(built / "pipeline.yaml")
+    inst = next(i for i in project.instances if i.name == "softmax.small")
+    edf = inst.out_dir / "kernel.edf"
+    for kind in ("test", "bench"):  # each records the binary it ran on
+        recorded = json.loads((inst.out_dir / f"{kind}-sim.json").read_text())
+        assert recorded["binary"] == hashlib.sha256(edf.read_bytes()).hexdigest()
+    (entry,) = collect(project, [inst])
+    assert entry["row"]["tests"]["sim"]["stale"] is False
+    assert entry["row"]["bench"]["sim"]["stale"] is False
+    assert "(older build)" not in index_table([entry["row"]], ["a"])
+    saved, stat = edf.read_bytes(), edf.stat()
+    edf.write_bytes(saved + b"\0")  # rebuilt since: another binary
+    try:
+        (entry,) = collect(project, [inst])
+    finally:
+        edf.write_bytes(saved)
+        os.utime(edf, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    tests, bench = entry["row"]["tests"]["sim"], entry["row"]["bench"]["sim"]
+    assert (tests["status"], tests["stale"]) == ("pass", True)
+    assert bench["stale"] is True and bench["cycles"] > 0
+    cells = index_table([entry["row"]], ["a"])
+    assert '<span class="pass stale">sim: pass' in cells
+    assert f"sim: {bench['cycles']} cycles (older build)" in cells

@@ -40,3 +40,18 @@ def test_build_critical_path_is_the_longest_chain_of_recorded_tasks():
     ]
     assert build_critical_path(_graph(), records) == ["compile:b.s.trace", "compile:b.s.visa"]
     assert build_critical_path(_graph(), []) == []
+
+
+def test_build_critical_path_of_independent_tasks_is_the_one_that_took_longest():
+    # no edges: each task's own time counts, not only that of a task after another
+    g = nx.DiGraph()
+    for name in ("compile:a.small", "compile:a.large", "compile:a.extra"):
+        g.add_node(name, kind="compile", instance=name[8:], stage="compile", reasons=[])
+    records = [
+        {"task": "compile:a.small", "start": 0.0, "end": 0.0},  # up to date
+        {"task": "compile:a.large", "start": 0.0, "end": 0.0},
+        {"task": "compile:a.extra", "start": 0.0, "end": 0.043},
+    ]
+    assert build_critical_path(g, records) == ["compile:a.extra"]
+    # a no-op build: nothing took any time, so no chain is marked
+    assert build_critical_path(g, [dict(r, end=r["start"]) for r in records]) == []

@@ -8,6 +8,7 @@ the first finds the kernels up to date.
 from __future__ import annotations
 
 import csv
+import hashlib
 import importlib.util
 import io
 import json
@@ -139,9 +140,13 @@ def test_each_repeated_target_gets_its_rows_in_the_order_given(built):
         *((k, "cpu") for k in KERNELS),
     ]
     assert all(r["cycles"] > 0 for r in rows[:3]) and all(r["median_ms"] > 0 for r in rows[3:])
-    # `kiln view` keeps the last numbers of each target apart
+    # `kiln view` keeps the last numbers of each target apart, with the binary they are of
     saved = {p.name: json.loads(p.read_text()) for p in out_dir.glob("bench-*.json")}
-    assert saved == {"bench-sim.json": rows[1], "bench-cpu.json": rows[4]}
+    binary = hashlib.sha256((out_dir / "kernel.edf").read_bytes()).hexdigest()
+    assert saved == {
+        "bench-sim.json": {**rows[1], "binary": binary},
+        "bench-cpu.json": {**rows[4], "binary": binary},
+    }
 
 
 def test_an_unavailable_target_among_several_builds_and_times_nothing(built):
