@@ -155,15 +155,15 @@ class Pipeline:
         default=None, compare=False, hash=False, repr=False
     )
 
-    def __getstate__(self) -> list[Any]:
-        """Pickle without the private source map and index (rebuilt on demand)."""
-        return [None if f.name in _TRANSIENT else getattr(self, f.name) for f in fields(self)]
+    def __reduce__(self):
+        """Pickle without the private source map and index (rebuilt on demand).
 
-    def __setstate__(self, state: list[Any]) -> None:
-        # Not strict: a pickle from an older Kiln has another layout, and its
-        # cache key (Kiln version, loader stamp) never matches, so it is dropped.
-        for f, value in zip(fields(self), state, strict=False):
-            object.__setattr__(self, f.name, value)
+        ``__reduce__``, not ``__getstate__``: before Python 3.11.5 a slotted
+        dataclass replaced a class's own ``__getstate__`` with one that kept
+        every field, and the cached pipeline carried its whole source map.
+        """
+        state = [None if f.name in _TRANSIENT else getattr(self, f.name) for f in fields(self)]
+        return (_pipeline_from_state, (state,))
 
     @classmethod
     def from_data(
@@ -437,3 +437,13 @@ def _merged_dumps(entries: Any, kernels: dict[str, Any]) -> tuple[DumpSpec, ...]
                 groups.setdefault(kinds, []).append(kernel)
         merged += [DumpSpec(tuple(names), kinds) for kinds, names in groups.items()]
     return tuple(merged)
+
+
+def _pipeline_from_state(state: list[Any]) -> Pipeline:
+    """A pickled Pipeline back (``Pipeline.__reduce__``)."""
+    pipeline = object.__new__(Pipeline)
+    # Not strict: a pickle from an older Kiln has another layout, and its
+    # cache key (Kiln version, loader stamp) never matches, so it is dropped.
+    for f, value in zip(fields(Pipeline), state, strict=False):
+        object.__setattr__(pipeline, f.name, value)
+    return pipeline
