@@ -34,12 +34,14 @@ from multiprocessing.connection import wait as wait_for_any
 
 import msgpack
 
+from kiln.fsutil import write_bytes_atomic
 from kiln.logconfig import warn
 from kiln.tasks.chain.instance_spec import batch_from_wire, batch_to_wire
 from kiln.tasks.execution.chain_worker import encode_death, pool_worker_setup, run_jobs
 from kiln.tasks.execution.workers import START_METHOD_ENV, guard_worker
 from kiln.tasks.model.importpath import add_project_root
 
+WIRE_FILE = "batch-"  # + number: a batch's chains, read by the worker that runs it
 WORKER_FILE = "worker-"  # + pid: one per pool worker, so the build can stop them
 STARTED_FILE = "started-"  # + batch number: a worker began that batch
 ALONE_FILE = "alone-"  # + run number: the result of a chain built in a process of its own
@@ -68,10 +70,12 @@ def _init(root: str, scratch: str) -> None:
         os._exit(0)
 
 
-def _run_to_file(wire: bytes, scratch: str, number: int) -> str:
-    """Run a batch; its results go to a file of their own, whose path is the answer."""
+def _run_to_file(wire_path: str, scratch: str, number: int) -> str:
+    """Run the batch in ``wire_path``; its results go to a file of their own, whose path
+    is the answer."""
     open(os.path.join(scratch, f"{STARTED_FILE}{number}"), "wb").close()
-    results = run_jobs(wire)
+    with open(wire_path, "rb") as f:
+        results = run_jobs(f.read())
     fd, path = tempfile.mkstemp(dir=scratch, prefix="results-")
     with os.fdopen(fd, "wb") as f:
         f.write(msgpack.packb(results))
@@ -152,8 +156,14 @@ class PoolExecutor:
         # the pool starts its workers inside submit: with Ctrl-C blocked here they are
         # born with it blocked (fork keeps the mask), so one that lands before their
         # initializer ignores it cannot print a KeyboardInterrupt traceback
+        # the batch goes through a file too: the pool's feeder thread, blocked writing a
+        # large batch into the pipe of a worker killed at Ctrl-C, hung the shutdown
+        # (Python before 3.11.7); a path is written at once
+        wire_path = os.path.join(self.scratch, f"{WIRE_FILE}{sent.number}")
+        if not os.path.exists(wire_path):
+            write_bytes_atomic(wire_path, sent.wire)
         with _ctrl_c_blocked():
-            sent.future = self.pool.submit(_run_to_file, sent.wire, self.scratch, sent.number)
+            sent.future = self.pool.submit(_run_to_file, wire_path, self.scratch, sent.number)
 
     def wait(self, handle: Future) -> list[bytes]:
         """The batch's results, in order; a chain whose process died answers ``encode_death``."""
@@ -210,12 +220,21 @@ class PoolExecutor:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _kill_workers(self) -> None:
+        """Kill every worker: those that said their pid, and any still starting (a child
+        process of this build not yet past its initializer would run a queued batch to
+        its end, and the pool's shutdown would wait for it)."""
+        pids = {child.pid for child in multiprocessing.active_children()}
         for name in os.listdir(self.scratch):
             if name.startswith(WORKER_FILE):
                 try:
-                    os.kill(int(name[len(WORKER_FILE) :]), signal.SIGKILL)
-                except (ValueError, OSError):  # gone already
+                    pids.add(int(name[len(WORKER_FILE) :]))
+                except ValueError:
                     pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone already
+                pass
 
     def _forget_workers(self) -> None:
         """A broken pool's workers are gone: their pids may be reused, never to be killed."""
