@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, machines_yaml, run_kiln
+from tests.support.pipelines import STAGES
 
-PIPELINE = """\
+PIPELINE = (
+    """\
 project: custom
 packages: [kernels]
 machine: npu-v1
@@ -30,17 +32,15 @@ kernels:
   vector_add:
     shapes:
       small: {N: 256}
-stages:
-  - {name: trace, module: kiln.stages.trace}
-  - {name: visa, module: kiln.stages.visa}
-  - {name: lir, module: kiln.stages.lir}
-  - {name: schedule, module: SCHEDULE}
-  - {name: edf, module: kiln.stages.edf}
+"""
+    + STAGES.replace("module: kiln.stages.schedule}", "module: SCHEDULE}")
+    + """\
 EXTRA
 targets:
   sim: {runner: sim, machine: npu-v1}
 machines:
 """
+)
 
 # the built-in schedule stage, with ``mode`` saying what its run() does
 SCHEDULE = """\
